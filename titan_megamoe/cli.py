@@ -1,0 +1,34 @@
+"""`titan-megamoe` command line: `train` (TorchTitan with our extension) and `ab` (stock vs mega_moe)."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: titan-megamoe {train,ab} ...
+
+  train --config X.toml [torchtitan overrides ...]   run the TorchTitan 0.2.2 trainer with titan-megamoe loaded
+  ab [--config X.toml] [--steps N] [--warmup W] [--out DIR] [-- overrides]
+                                                     run stock and mega_moe on the same config and compare
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        from .integrations.torchtitan.launch import main as train_main
+
+        return train_main(rest)
+    if command == "ab":
+        from .ab.cli import main as ab_main
+
+        return ab_main(rest)
+    print(f"titan-megamoe: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

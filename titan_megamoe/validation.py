@@ -1,0 +1,108 @@
+"""Argument checks for the public op: every error names the argument, what was expected and what came.
+
+Shape, dtype and device checks are pure metadata (safe under torch.compile and CUDA graphs). The
+expert-id range check needs the values: it runs on the host for CPU tensors, and on CUDA as an
+asynchronous device assert (no host sync) unless TITAN_MEGAMOE_DEBUG=1 asks for the host check
+with a ValueError.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("auto", "reference", "triton")
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_ID_DTYPES = (torch.int32, torch.int64)
+
+
+@dataclass(frozen=True)
+class MoEDims:
+    tokens: int  # T
+    dim: int  # D
+    hidden: int  # H
+    experts: int  # E
+    top_k: int  # K
+
+
+def _fail(cls, msg: str):
+    raise cls(f"titan_megamoe.moe: {msg}")
+
+
+def _check_dtype(name: str, t: torch.Tensor, allowed) -> None:
+    if t.dtype not in allowed:
+        _fail(TypeError, f"{name} has dtype {t.dtype}; expected one of {', '.join(map(str, allowed))}")
+
+
+def _check_ndim(name: str, t: torch.Tensor, shape_name: str) -> None:
+    if t.dim() != len(shape_name):
+        _fail(ValueError, f"{name} must be {len(shape_name)}-D [{', '.join(shape_name)}], got shape {tuple(t.shape)}")
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        _fail(ValueError, f"backend: unknown value {backend!r}; expected one of {', '.join(map(repr, BACKENDS))}")
+    return backend
+
+
+def validate_moe_inputs(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD) -> MoEDims:
+    named = {
+        "x_TD": x_TD, "topk_ids_TK": topk_ids_TK, "topk_scores_TK": topk_scores_TK,
+        "w1_EFD": w1_EHD, "w2_EDF": w2_EDH, "w3_EFD": w3_EHD,
+    }
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            _fail(TypeError, f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    _check_ndim("x_TD", x_TD, "TD")
+    _check_ndim("topk_ids_TK", topk_ids_TK, "TK")
+    _check_ndim("topk_scores_TK", topk_scores_TK, "TK")
+    _check_ndim("w1_EFD", w1_EHD, "EFD")
+    _check_ndim("w2_EDF", w2_EDH, "EDF")
+    _check_ndim("w3_EFD", w3_EHD, "EFD")
+
+    _check_dtype("x_TD", x_TD, _FLOAT_DTYPES)
+    _check_dtype("topk_ids_TK", topk_ids_TK, _ID_DTYPES)
+    _check_dtype("topk_scores_TK", topk_scores_TK, _FLOAT_DTYPES)
+    for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
+        _check_dtype(name, named[name], _FLOAT_DTYPES)
+
+    device = x_TD.device
+    for name, t in named.items():
+        if t.device != device:
+            _fail(ValueError, f"{name} is on {t.device} but x_TD is on {device}; move all inputs to one device")
+
+    T, D = x_TD.shape
+    E, H, D1 = w1_EHD.shape
+    if D1 != D:
+        _fail(ValueError, f"w1_EFD has model dim {D1} (shape {tuple(w1_EHD.shape)}) but x_TD has D={D}")
+    if tuple(w3_EHD.shape) != (E, H, D):
+        _fail(ValueError, f"w3_EFD must have the shape of w1_EFD {(E, H, D)}, got {tuple(w3_EHD.shape)}")
+    if tuple(w2_EDH.shape) != (E, D, H):
+        _fail(ValueError, f"w2_EDF must be [E, D, F] = {(E, D, H)}, got {tuple(w2_EDH.shape)}")
+    if topk_ids_TK.shape[0] != T:
+        _fail(ValueError, f"topk_ids_TK has {topk_ids_TK.shape[0]} rows but x_TD has T={T} tokens")
+    if tuple(topk_scores_TK.shape) != tuple(topk_ids_TK.shape):
+        _fail(ValueError, f"topk_scores_TK shape {tuple(topk_scores_TK.shape)} differs from topk_ids_TK shape "
+                          f"{tuple(topk_ids_TK.shape)}")
+    K = topk_ids_TK.shape[1]
+    if K < 1:
+        _fail(ValueError, "top-k must be at least 1 (topk_ids_TK has 0 columns)")
+    if E < 1:
+        _fail(ValueError, "at least one expert is needed (w1_EFD has E=0)")
+    return MoEDims(tokens=T, dim=D, hidden=H, experts=E, top_k=K)
+
+
+def check_expert_ids(topk_ids_TK: torch.Tensor, num_experts: int) -> None:
+    """Expert ids must lie in [0, E). Host check on CPU (or with TITAN_MEGAMOE_DEBUG=1), else async assert."""
+    if topk_ids_TK.numel() == 0:
+        return
+    if topk_ids_TK.device.type == "cpu" or os.environ.get("TITAN_MEGAMOE_DEBUG") == "1":
+        lo, hi = int(topk_ids_TK.min()), int(topk_ids_TK.max())
+        if lo < 0 or hi >= num_experts:
+            _fail(ValueError, f"topk_ids_TK holds expert ids in [{lo}, {hi}] but there are E={num_experts} "
+                              f"experts (valid ids: 0..{num_experts - 1})")
+    else:
+        ok = (topk_ids_TK.min() >= 0) & (topk_ids_TK.max() < num_experts)
+        torch._assert_async(ok, f"titan_megamoe.moe: topk_ids_TK out of range [0, {num_experts})")
