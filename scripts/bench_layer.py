@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Per-layer benchmark: TorchTitan 0.2.2's stock MoE layer vs the mega_moe layer, same weights and tokens.
+
+For each case it builds one stock `torchtitan.models.moe.MoE` (bf16, on the GPU), a copy swapped to
+the fused backend, checks the fused output and every gradient against stock (before timing), then
+times forward and forward+backward of both layers in the same process with CUDA events (median of
+--iters after --warmup runs), and records peak memory of forward+backward. TFLOP/s use the peers'
+convention (fwd 6*T*K*D*H, fwd+bwd 18*T*K*D*H). Writes JSON (GPU, versions, commit, date, every
+timing) to --out, and prints a table last.
+
+    python scripts/bench_layer.py                       # all default cases
+    python scripts/bench_layer.py --cases 30b-16k --iters 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+from titan_megamoe.flops import moe_flops
+
+# name: (T, D, H, E, K, routing)
+CASES = {
+    "30b-16k": (16384, 2048, 768, 128, 8, "softmax"),
+    "30b-4k": (4096, 2048, 768, 128, 8, "softmax"),
+    "235b-16k": (16384, 4096, 1536, 128, 8, "softmax"),
+    "30b-16k-skewed": (16384, 2048, 768, 128, 8, "skewed"),
+}
+
+
+def build_layers(T, D, H, E, K, routing, seed=0):
+    from torchtitan.models.moe.moe import MoE, MoEArgs
+
+    from titan_megamoe.integrations.torchtitan.converter import swap_moe_layers
+
+    args = MoEArgs(num_experts=E, num_shared_experts=0, top_k=K, score_func="softmax", route_norm=True,
+                   score_before_experts=False, load_balance_coeff=1e-3)
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        stock = MoE(args, dim=D, hidden_dim=H)
+        stock.init_weights(init_std=0.02, buffer_device=torch.device("cuda"))
+    if routing == "skewed":
+        # expert_bias only changes which experts are chosen: a Zipf-like preference for low ids
+        stock.expert_bias.copy_(0.02 / torch.arange(1, E + 1, device="cuda").float())
+    stock = stock.to(torch.bfloat16)
+    stock.expert_bias = stock.expert_bias.float()
+    stock.tokens_per_expert = stock.tokens_per_expert.float()
+    fused = copy.deepcopy(stock)
+    swap_moe_layers(fused, "bf16", "triton")
+    x = torch.randn(1, T, D, device="cuda", dtype=torch.bfloat16)
+    return stock, fused, x
+
+
+def run_fwd_bwd(layer, x, dout):
+    x = x.detach().requires_grad_(True)
+    layer.zero_grad(set_to_none=True)
+    out = layer(x)
+    out.backward(dout)
+    return out, x.grad
+
+
+def check_against_stock(stock, fused, x, dout):
+    """Relative L2 error of fused vs stock for the output and every gradient (both bf16)."""
+    outs = {}
+    for name, layer in (("stock", stock), ("fused", fused)):
+        out, dx = run_fwd_bwd(layer, x, dout)
+        grads = {n: p.grad.float().clone() for n, p in layer.named_parameters()}
+        outs[name] = {"out": out.float(), "dx": dx.float(), **grads}
+    rel = {}
+    for k, ref in outs["stock"].items():
+        got = outs["fused"][k]
+        assert torch.isfinite(got).all(), f"fused {k} has non-finite values"
+        rel[k] = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    return rel
+
+
+def time_ms(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), times
+
+
+def peak_mem_gib(fn):
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def sac_fwd_bwd(layer, x, dout, save_ops):
+    """forward+backward under op-level selective AC saving `save_ops` (like qwen3's op-SAC)."""
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save_ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+    x = x.detach().requires_grad_(True)
+    ctx_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+    out = checkpoint(layer, x, use_reentrant=False, context_fn=ctx_fn)
+    out.backward(dout)
+
+
+def bench_case(name, warmup, iters, with_sac):
+    T, D, H, E, K, routing = CASES[name]
+    stock, fused, x = build_layers(T, D, H, E, K, routing)
+    dout = torch.randn_like(x)
+    rel = check_against_stock(stock, fused, x, dout)
+    worst = max(rel.values())
+    if worst > 2e-2:
+        raise SystemExit(f"{name}: fused differs from stock (relative L2 {rel}); not timing a wrong kernel")
+    with torch.no_grad():
+        ids = stock.router(x.view(-1, D), stock.expert_bias)[1]
+        counts = torch.bincount(ids.flatten(), minlength=E)
+    res = {"case": name, "T": T, "D": D, "H": H, "E": E, "K": K, "routing": routing, "rel_l2_vs_stock": rel,
+           "rows_per_expert": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.float().mean())}}
+    x_req = x.detach().requires_grad_(True)
+    for arm, layer in (("stock", stock), ("fused", fused)):
+        fwd = lambda: layer(x_req)  # noqa: E731 - training-mode forward: autograd records residuals
+        fb = lambda: run_fwd_bwd(layer, x, dout)  # noqa: E731
+        res[f"{arm}_fwd_ms"], res[f"{arm}_fwd_all"] = time_ms(fwd, warmup, iters)
+        res[f"{arm}_fwdbwd_ms"], res[f"{arm}_fwdbwd_all"] = time_ms(fb, warmup, iters)
+        res[f"{arm}_fwdbwd_peak_gib"] = peak_mem_gib(fb)
+    if with_sac:
+        from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
+
+        fused_op = torch.ops.titan_megamoe.moe_forward.default
+        variants = {"stock_sac": (stock, set(_op_sac_save_list)),
+                    "fused_sac_recompute": (fused, set(_op_sac_save_list)),
+                    "fused_sac_save": (fused, set(_op_sac_save_list) | {fused_op})}
+        for key, (layer, ops) in variants.items():
+            fn = functools.partial(sac_fwd_bwd, layer, x, dout, ops)
+            res[f"{key}_fwdbwd_ms"], _ = time_ms(fn, warmup, iters)
+            res[f"{key}_peak_gib"] = peak_mem_gib(fn)
+    for kind, fl in (("fwd", moe_flops(T, K, D, H, backward=False)), ("fwdbwd", moe_flops(T, K, D, H))):
+        for arm in ("stock", "fused"):
+            res[f"{arm}_{kind}_tflops"] = fl / (res[f"{arm}_{kind}_ms"] * 1e-3) / 1e12
+        res[f"{kind}_speedup"] = res[f"stock_{kind}_ms"] / res[f"fused_{kind}_ms"]
+    del stock, fused
+    torch.cuda.empty_cache()
+    return res
+
+
+def environment():
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()
+        except Exception:
+            return None
+
+    import triton
+    import torchtitan
+
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "torchtitan": getattr(torchtitan, "__version__", "?"), "commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--sac", action="store_true", help="also time op-level selective AC (recompute vs save)")
+    ap.add_argument("--out", default="docs/results", help="directory for the JSON file")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_layer.py needs a CUDA GPU")
+    env = environment()
+    results = []
+    for name in a.cases:
+        print(f"[bench] {name} ...", flush=True)
+        results.append(bench_case(name, a.warmup, a.iters, a.sac))
+        r = results[-1]
+        print(f"[bench] {name}: fwd {r['stock_fwd_ms']:.2f} -> {r['fused_fwd_ms']:.2f} ms, "
+              f"fwd+bwd {r['stock_fwdbwd_ms']:.2f} -> {r['fused_fwdbwd_ms']:.2f} ms", flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    path = os.path.join(a.out, f"bench_layer_{stamp}.json")
+    with open(path, "w") as f:
+        json.dump({"environment": env, "results": results}, f, indent=1)
+    print(f"\nwrote {path}\n{env['gpu']}  torch {env['torch']}  triton {env['triton']}  commit {env['commit']}")
+    hdr = f"{'case':<16}{'stock fwd':>10}{'fused fwd':>10}{'x':>6}{'TF/s':>6}{'stock f+b':>10}{'fused f+b':>10}{'x':>6}{'TF/s':>6}{'mem s/f GiB':>14}"
+    print(hdr)
+    for r in results:
+        print(f"{r['case']:<16}{r['stock_fwd_ms']:>10.2f}{r['fused_fwd_ms']:>10.2f}{r['fwd_speedup']:>6.2f}"
+              f"{r['fused_fwd_tflops']:>6.0f}{r['stock_fwdbwd_ms']:>10.2f}{r['fused_fwdbwd_ms']:>10.2f}"
+              f"{r['fwdbwd_speedup']:>6.2f}{r['fused_fwdbwd_tflops']:>6.0f}"
+              f"{r['stock_fwdbwd_peak_gib']:>7.2f}/{r['fused_fwdbwd_peak_gib']:.2f}")
+        if "stock_sac_fwdbwd_ms" in r:
+            print(f"{'  op-SAC':<16} stock {r['stock_sac_fwdbwd_ms']:.2f} ms {r['stock_sac_peak_gib']:.2f} GiB | fused "
+                  f"recompute {r['fused_sac_recompute_fwdbwd_ms']:.2f} ms {r['fused_sac_recompute_peak_gib']:.2f} GiB"
+                  f" | fused save {r['fused_sac_save_fwdbwd_ms']:.2f} ms {r['fused_sac_save_peak_gib']:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Offline tile-config tuning on the GPU; writes titan_megamoe/kernels/tuned_configs.json.
+
+Times every candidate of every kernel in isolation on one shape with random top-k routing
+(triton.testing.do_bench, median), keeps the fastest, and merges it into the shipped table keyed by
+"DxH". Run it in small batches (--kernels) inside a time limit: each candidate compiles once.
+
+    python scripts/tune_kernels.py --shape 2048 768 128 8 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+
+import torch
+import triton
+import triton.testing
+
+from titan_megamoe.kernels import configs
+from titan_megamoe.kernels.configs import TileConfig, override_tile_config
+from titan_megamoe.kernels.dgrad_swiglu import dgrad_swiglu
+from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
+from titan_megamoe.kernels.grouped_gemm import expert_down_proj, expert_input_grad
+from titan_megamoe.kernels.wgrad import expert_wgrad_w2, expert_wgrad_w13
+from titan_megamoe.routing import build_routing, tile_schedule
+
+M = configs.ROW_BLOCK_M
+ROW_CANDIDATES = {
+    "gemm1_swiglu": [(M, 64, 64, 4, 4), (M, 64, 64, 8, 4), (M, 128, 64, 8, 3), (M, 128, 64, 8, 4),
+                     (M, 128, 32, 8, 4), (M, 128, 64, 8, 5)],
+    "gemm2": [(M, 128, 64, 8, 3), (M, 128, 64, 8, 4), (M, 256, 64, 8, 3), (M, 128, 64, 4, 4),
+              (M, 64, 64, 4, 4), (M, 256, 32, 8, 4)],
+}
+ROW_CANDIDATES["dgrad_swiglu"] = ROW_CANDIDATES["gemm2"]
+ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"]
+WGRAD_CANDIDATES = [
+    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
+    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4),
+    dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+    dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
+    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+]
+
+
+def make_problem(D, H, E, K, T, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = dict(device="cuda")
+    x = torch.randn(T, D, generator=g, dtype=torch.bfloat16, **dev)
+    ids = torch.argsort(torch.rand(T, E, generator=g, **dev), dim=1)[:, :K]
+    scores = torch.softmax(torch.randn(T, K, generator=g, **dev), dim=1)
+    w = lambda *s: (torch.randn(*s, generator=g, **dev) * 0.02).to(torch.bfloat16)  # noqa: E731
+    w1, w3, w2 = w(E, H, D), w(E, H, D), w(E, D, H)
+    r = build_routing(ids, E)
+    te, tr = tile_schedule(r.offsets_E1, T * K, M)
+    g_, u, h = gemm1_swiglu(x, w1, w3, r.order_N, te, tr, r.offsets_E1, K)
+    dout = torch.randn_like(x)
+    dg, du, _ = dgrad_swiglu(dout, w2, g_, u, h, scores.reshape(-1), r.order_N, te, tr, r.offsets_E1, K)
+    return dict(x=x, w1=w1, w2=w2, w3=w3, r=r, te=te, tr=tr, g=g_, u=u, h=h, dout=dout, dg=dg, du=du,
+                s=scores.reshape(-1), s_sorted=scores.reshape(-1)[r.order_N.long()], K=K)
+
+
+def row_call(kernel, p):
+    r, te, tr, K = p["r"], p["te"], p["tr"], p["K"]
+    return {
+        "gemm1_swiglu": lambda: gemm1_swiglu(p["x"], p["w1"], p["w3"], r.order_N, te, tr, r.offsets_E1, K),
+        "gemm2": lambda: expert_down_proj(p["h"], p["w2"], r.order_N, te, tr, r.offsets_E1),
+        "dgrad_swiglu": lambda: dgrad_swiglu(p["dout"], p["w2"], p["g"], p["u"], p["h"], p["s"], r.order_N, te, tr,
+                                             r.offsets_E1, K),
+        "dx": lambda: expert_input_grad(p["dg"], p["du"], p["w1"], p["w3"], r.order_N, te, tr, r.offsets_E1),
+    }[kernel]
+
+
+def wgrad_call(kind, p, cfg):
+    r, K = p["r"], p["K"]
+    if kind == "w2":
+        return lambda: expert_wgrad_w2(p["dout"], p["h"], p["s_sorted"], r.order_N, r.offsets_E1, K, torch.bfloat16, **cfg)
+    return lambda: expert_wgrad_w13(p["dg"], p["du"], p["x"], r.order_N, r.offsets_E1, K, torch.bfloat16, **cfg)
+
+
+FLOPS_PER_NDH = {"gemm1_swiglu": 4, "gemm2": 2, "dgrad_swiglu": 2, "dx": 4, "wgrad_w2": 2, "wgrad_w13": 4}
+
+
+def bench(fn):
+    fn()  # compile
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--shape", nargs=5, type=int, metavar=("D", "H", "E", "K", "T"), default=[2048, 768, 128, 8, 16384])
+    ap.add_argument("--kernels", nargs="+", default=list(ROW_CANDIDATES) + ["wgrad_w2", "wgrad_w13"])
+    ap.add_argument("--write", action="store_true", help="merge the winners into tuned_configs.json")
+    a = ap.parse_args()
+    D, H, E, K, T = a.shape
+    p = make_problem(D, H, E, K, T)
+    nflop = T * K * D * H
+    key = f"{D}x{H}"
+    table = json.loads(configs.TABLE_PATH.read_text()) if configs.TABLE_PATH.exists() else {"configs": {}, "measured": {}}
+    winners, log = table["configs"].setdefault(key, {}), table["measured"].setdefault(key, {})
+    for kernel in a.kernels:
+        results = []
+        cands = ROW_CANDIDATES.get(kernel) or WGRAD_CANDIDATES
+        for cand in cands:
+            t0 = time.time()
+            try:
+                if kernel in ROW_CANDIDATES:
+                    cfg = TileConfig(*cand)
+                    with override_tile_config(kernel, cfg):
+                        ms = bench(row_call(kernel, p))
+                else:
+                    ms = bench(wgrad_call(kernel.split("_")[1], p, cand))
+            except Exception as e:  # a config can exceed shared memory or registers: skip it, say so
+                print(f"  {kernel} {cand}: failed ({type(e).__name__}: {str(e)[:80]})", flush=True)
+                continue
+            tf = FLOPS_PER_NDH[kernel] * nflop / ms / 1e9
+            results.append((ms, cand))
+            print(f"  {kernel:<13} {str(cand):<90} {ms:7.3f} ms {tf:6.0f} TFLOP/s ({time.time() - t0:.0f}s)", flush=True)
+        if not results:
+            continue
+        ms, best = min(results, key=lambda r: r[0])
+        winners[kernel] = list(best) if kernel in ROW_CANDIDATES else best
+        log[kernel] = {"ms": ms, "tflops": FLOPS_PER_NDH[kernel] * nflop / ms / 1e9, "T": T, "E": E, "K": K,
+                       "gpu": torch.cuda.get_device_name(), "date": dt.date.today().isoformat()}
+        print(f"best {kernel}: {best} {ms:.3f} ms", flush=True)
+    if a.write:
+        configs.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"wrote {configs.TABLE_PATH}")
+    print(json.dumps(table, indent=1))
+
+
+if __name__ == "__main__":
+    main()

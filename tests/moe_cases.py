@@ -1,0 +1,95 @@
+"""Shared MoE test inputs and the FlashAttention-style accuracy rule (CPU interpreter and GPU tests).
+
+Realistic scales: x ~ N(0, 1), weights ~ N(0, 1/fan_in) (so activations stay O(1) at any D, H),
+softmax-normalised top-k scores in fp32, and routing patterns that stress the kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from titan_megamoe.reference import moe_reference
+
+ROUTINGS = ("random", "skewed", "empty_experts", "one_expert", "duplicate_choices")
+
+
+@dataclass
+class Case:
+    x: torch.Tensor
+    ids: torch.Tensor
+    scores: torch.Tensor
+    w1: torch.Tensor
+    w2: torch.Tensor
+    w3: torch.Tensor
+
+    def inputs(self):
+        return self.x, self.ids, self.scores, self.w1, self.w2, self.w3
+
+
+def make_ids(T: int, E: int, K: int, routing: str, gen: torch.Generator) -> torch.Tensor:
+    if routing == "random":  # K distinct experts per token, like a top-k router
+        return torch.argsort(torch.rand(T, E, generator=gen), dim=1)[:, :K]
+    if routing == "skewed":  # Zipf-like popularity: a few experts get most rows
+        logits = -1.5 * torch.log(torch.arange(1, E + 1, dtype=torch.float64))
+        noisy = logits + 0.3 * torch.randn(T, E, generator=gen, dtype=torch.float64)
+        return torch.topk(noisy, K, dim=1).indices
+    if routing == "empty_experts":  # only every third expert is ever chosen
+        used = torch.arange(0, E, 3)
+        pick = torch.randint(0, used.numel(), (T, K), generator=gen)
+        return used[pick]
+    if routing == "one_expert":  # every choice of every token goes to the last expert
+        return torch.full((T, K), E - 1, dtype=torch.int64)
+    if routing == "duplicate_choices":  # a token may pick the same expert twice
+        return torch.randint(0, min(E, 2), (T, K), generator=gen)
+    raise ValueError(routing)
+
+
+def make_case(T, D, H, E, K, routing="random", dtype=torch.bfloat16, device="cpu", seed=0) -> Case:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=gen)
+    ids = make_ids(T, E, K, routing, gen)
+    scores = torch.softmax(torch.randn(T, K, generator=gen), dim=1)
+    w1 = torch.randn(E, H, D, generator=gen) / D**0.5
+    w3 = torch.randn(E, H, D, generator=gen) / D**0.5
+    w2 = torch.randn(E, D, H, generator=gen) / H**0.5
+    to = dict(device=device)
+    return Case(x.to(dtype=dtype, **to), ids.to(**to), scores.to(**to),
+                w1.to(dtype=dtype, **to), w2.to(dtype=dtype, **to), w3.to(dtype=dtype, **to))
+
+
+def forward_backward(fn, case: Case, dout: torch.Tensor, cast=None):
+    """Run fn on leaf copies of the inputs (optionally cast), return out and grads of x, scores, w1, w2, w3."""
+    def leaf(t):
+        t = t.detach() if cast is None else t.detach().to(cast)
+        return t.requires_grad_(True)
+
+    x, s, w1, w2, w3 = (leaf(t) for t in (case.x, case.scores, case.w1, case.w2, case.w3))
+    out = fn(x, case.ids, s, w1, w2, w3)
+    out.backward(dout.to(out.dtype))
+    return {"out": out.detach(), "dx": x.grad, "dscores": s.grad, "dw1": w1.grad, "dw2": w2.grad, "dw3": w3.grad}
+
+
+def reference_results(case: Case, dout: torch.Tensor):
+    """(float64 oracle, the same math done by PyTorch in bf16)."""
+    ref64 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.float64), case, dout, torch.float64)
+    torch_bf16 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.bfloat16), case, dout)
+    return ref64, torch_bf16
+
+
+def assert_flash_rule(got: dict, ref64: dict, torch_bf16: dict, factor: float = 2.0):
+    """|got - ref64|.max() <= factor * |torch_bf16 - ref64|.max() + atol, for every output and gradient."""
+    report = []
+    for name, ref in ref64.items():
+        g = got[name]
+        assert g is not None and g.shape == ref.shape, f"{name}: shape {None if g is None else g.shape} != {ref.shape}"
+        assert torch.isfinite(g).all(), f"{name}: non-finite values (an unwritten or poisoned element?)"
+        err = (g.double() - ref).abs().max().item()
+        base = (torch_bf16[name].double() - ref).abs().max().item()
+        # floor: one bf16 rounding (2^-9 relative) of the largest value; it matters only for tensors with a
+        # handful of elements (T=1, K=1), where the torch-bf16 error can be zero or tiny by luck
+        atol = 2.0**-9 * ref.abs().max().item()
+        report.append(f"{name}: err {err:.3e} torch-bf16 {base:.3e}")
+        assert err <= factor * base + atol, f"{name}: kernel error {err:.3e} > {factor} x torch bf16 error {base:.3e}"
+    return report

@@ -1,0 +1,106 @@
+"""The public `titan_megamoe.moe` API on CPU: argument errors, edge cases, the custom op's fake impl."""
+
+import pytest
+import torch
+
+import titan_megamoe
+from moe_cases import make_case
+from titan_megamoe.reference import moe_reference
+
+
+def _inputs(T=5, D=16, H=8, E=4, K=2):
+    return list(make_case(T, D, H, E, K, dtype=torch.float32).inputs())
+
+
+@pytest.mark.parametrize(
+    "index,bad,exc,words",
+    [
+        (0, torch.randn(5, 16, 1), ValueError, ["x_TD", "2-D"]),
+        (0, torch.randn(5, 12), ValueError, ["w1_EFD", "D=12"]),
+        (1, torch.zeros(5, 2), TypeError, ["topk_ids_TK", "float32"]),
+        (1, torch.zeros(4, 2, dtype=torch.int64), ValueError, ["topk_ids_TK", "4 rows", "T=5"]),
+        (2, torch.rand(5, 3), ValueError, ["topk_scores_TK", "(5, 3)"]),
+        (3, torch.randn(4, 8, 16, dtype=torch.float64), TypeError, ["w1_EFD", "float64"]),
+        (4, torch.randn(4, 8, 16), ValueError, ["w2_EDF", "(4, 16, 8)"]),
+        (5, torch.randn(3, 8, 16), ValueError, ["w3_EFD", "(4, 8, 16)"]),
+        (5, "not a tensor", TypeError, ["w3_EFD", "str"]),
+    ],
+)
+def test_bad_arguments_name_the_argument(index, bad, exc, words):
+    args = _inputs()
+    args[index] = bad
+    with pytest.raises(exc) as info:
+        titan_megamoe.moe(*args)
+    for w in words:
+        assert w in str(info.value), str(info.value)
+
+
+def test_expert_ids_out_of_range():
+    args = _inputs()
+    args[1] = args[1].clone()
+    args[1][2, 1] = 4
+    with pytest.raises(ValueError, match=r"expert ids in \[0, 4\] but there are E=4"):
+        titan_megamoe.moe(*args)
+    args[1][2, 1] = -1
+    with pytest.raises(ValueError, match="valid ids: 0..3"):
+        titan_megamoe.moe(*args)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_triton_backend_without_gpu_says_what_to_do(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="needs a CUDA GPU.*backend='reference'"):
+        titan_megamoe.moe(*_inputs(), backend="triton")
+
+
+@pytest.mark.parametrize("precision,exc,words", [
+    ("fp16", ValueError, "expected one of 'bf16', 'fp8', 'fp8_bwd', 'mxfp8'"),
+    ("fp8", NotImplementedError, "not implemented yet"),
+    ("fp8_bwd", NotImplementedError, "not implemented yet"),
+    ("mxfp8", ValueError, "Blackwell"),
+])
+def test_precision_errors(precision, exc, words):
+    with pytest.raises(exc, match=words):
+        titan_megamoe.moe(*_inputs(), precision=precision)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="backend: unknown value 'cuda'"):
+        titan_megamoe.moe(*_inputs(), backend="cuda")
+
+
+def test_mismatched_devices_are_named():
+    args = _inputs()
+    args[3] = args[3].to("meta")
+    with pytest.raises(ValueError, match="w1_EFD is on meta but x_TD is on cpu"):
+        titan_megamoe.moe(*args)
+
+
+@pytest.mark.parametrize("T,K,routing", [(1, 1, "random"), (1, 3, "random"), (9, 1, "one_expert"),
+                                         (12, 2, "empty_experts"), (0, 2, "random")])
+def test_edge_cases_match_float64(T, K, routing):
+    case = make_case(T, 16, 8, 6, K, routing, dtype=torch.float32)
+    out = titan_megamoe.moe(*case.inputs(), backend="reference")
+    assert out.shape == (T, 16) and out.dtype == torch.float32
+    if T:
+        ref = moe_reference(*[t.double() if t.is_floating_point() else t for t in case.inputs()])
+        # the bf16 precision computes the expert GEMMs in bf16, as stock TorchTitan does
+        assert torch.allclose(out.double(), ref, rtol=3e-2, atol=3e-2 * ref.abs().max().item())
+
+
+def test_gradients_flow_to_every_input():
+    case = make_case(7, 16, 8, 4, 2, dtype=torch.float32)
+    leaves = [t.detach().requires_grad_(True) if t.is_floating_point() else t for t in case.inputs()]
+    titan_megamoe.moe(*leaves).square().sum().backward()
+    for i in (0, 2, 3, 4, 5):
+        assert leaves[i].grad is not None and leaves[i].grad.abs().sum() > 0, i
+
+
+def test_fake_impl_gives_shapes_for_compile():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    case = make_case(6, 32, 16, 4, 2)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in case.inputs()]
+        out, g, u, h, meta = torch.ops.titan_megamoe.moe_forward(*fake, "bf16", "triton")
+    assert out.shape == (6, 32) and g.shape == u.shape == h.shape == (12, 16) and meta.shape == (2 * 12 + 5,)

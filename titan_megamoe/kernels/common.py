@@ -1,0 +1,45 @@
+"""Small pieces every kernel shares.
+
+INTERPRET (a constexpr, true only under TRITON_INTERPRET=1) works around two numerics gaps of Triton
+3.6's CPU interpreter so that CPU tests check the same math the GPU runs: it multiplies bf16 tiles as
+their uint16 bit patterns, and it truncates fp32 -> bf16 instead of rounding to nearest even.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .configs import interpreting
+
+
+@triton.jit
+def mma(a, b, acc, INTERPRET: tl.constexpr):
+    """acc += a @ b (bf16 operands, fp32 accumulator)."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def cast_rne(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 -> dtype with round-to-nearest-even (what the GPU's cvt does)."""
+    if INTERPRET:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+def interpret_flag() -> bool:
+    return interpreting()
+
+
+def new_output(shape, dtype, device):
+    """Allocate a kernel output. TITAN_MEGAMOE_POISON=1 fills it with NaN first, so an element a kernel
+    forgot to write shows up in the checks instead of silently holding stale memory."""
+    if os.environ.get("TITAN_MEGAMOE_POISON") == "1":
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)

@@ -1,0 +1,97 @@
+"""Backward through GEMM2 and SwiGLU, with the routing-score gradient in the epilogue.
+
+For the expert-sorted rows p of one tile (expert e, routed row n = order(p), token t, score s_p):
+    q_p  = dout_t W2_e                       (the gradient of h before the score)
+    ds_p = <dout_t, y_p> = <q_p, h_p>        (so the expert output y is never stored)
+    dh_p = s_p q_p
+    dg_p = dh_p * u_p * silu'(g_p),   du_p = dh_p * silu(g_p)
+dout rows are gathered by token in the prologue. ds is summed over H per N-tile into a
+[N, num_n_tiles] fp32 buffer and reduced afterwards in a fixed order: deterministic, no atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import cast_rne, interpret_flag, mma, new_output
+from .configs import tile_config
+
+
+@triton.jit
+def _dgrad_swiglu_kernel(
+    dout_ptr, w2_ptr,  # dout [T, D]; w2 [E, D, H]
+    g_ptr, u_ptr, h_ptr, scores_ptr,  # g, u, h [N, H] sorted; scores [N] routed-row order (fp32)
+    order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+    dg_ptr, du_ptr, ds_part_ptr,  # dg, du [N, H] sorted; ds_part [N, num_n] sorted, fp32
+    D, H, top_k,
+    stride_dt, stride_we, stride_wd,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(H, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    row_start = tl.load(tile_row_ptr + pid_m)
+    row_end = tl.load(offsets_ptr + expert + 1)
+
+    rows = row_start + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    tok = routed // top_k
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < H
+    offs_k = tl.arange(0, BLOCK_K)
+
+    a_ptrs = dout_ptr + tok.to(tl.int64)[:, None] * stride_dt + offs_k[None, :]
+    b_ptrs = w2_ptr + expert.to(tl.int64) * stride_we + offs_k[:, None] * stride_wd + offs_n[None, :]
+    q = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(D, BLOCK_K)):
+        k_ok = offs_k < D - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        q = mma(a, b, q, INTERPRET)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K * stride_wd
+
+    tile_off = rows.to(tl.int64)[:, None] * H + offs_n[None, :]
+    tile_ok = row_ok[:, None] & n_ok[None, :]
+    g = tl.load(g_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
+    h = tl.load(h_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
+    s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
+
+    ds_part = tl.sum(q * h, axis=1)
+    tl.store(ds_part_ptr + rows.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+
+    dh = q * s[:, None]
+    sig = tl.sigmoid(g)
+    silu = g * sig
+    dg = dh * u * (sig + silu * (1.0 - sig))
+    du = dh * silu
+    tl.store(dg_ptr + tile_off, cast_rne(dg, dg_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
+    tl.store(du_ptr + tile_off, cast_rne(du, du_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
+
+
+def dgrad_swiglu(dout_TD, w2_EDH, g_NH, u_NH, h_NH, scores_N, order_N, tile_expert, tile_row, offsets_E1, top_k):
+    """Returns (dg_NH, du_NH) bf16 sorted rows and ds_N fp32 in sorted order."""
+    N, H = g_NH.shape
+    E, D, _ = w2_EDH.shape
+    cfg = tile_config("dgrad_swiglu", D, H)
+    num_n = triton.cdiv(H, cfg.block_n)
+    dg = new_output((N, H), torch.bfloat16, g_NH.device)
+    du = new_output((N, H), torch.bfloat16, g_NH.device)
+    ds_part = new_output((N, num_n), torch.float32, g_NH.device)
+    grid = (tile_expert.numel() * num_n,)
+    if grid[0] > 0:
+        _dgrad_swiglu_kernel[grid](
+            dout_TD, w2_EDH, g_NH, u_NH, h_NH, scores_N, order_N, tile_expert, tile_row, offsets_E1,
+            dg, du, ds_part, D, H, top_k, dout_TD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=interpret_flag(),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    return dg, du, ds_part.sum(dim=1)

@@ -1,0 +1,97 @@
+"""Row-tiled grouped GEMM over expert-sorted rows, output scattered back to routed-row order.
+
+    out[order(p)] = A1_p B1_e (+ A2_p B2_e)
+
+Serves two passes with the weight layout given by strides:
+  forward GEMM2:  y_n  = h_p W2_e^T              (one pair; B = W2_e read transposed)
+  backward dx:    dx_n = dg_p W1_e + du_p W3_e   (two pairs sharing one accumulator)
+Writing row order(p) lets the per-token combine read each token's K rows contiguously.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import cast_rne, interpret_flag, mma, new_output
+from .configs import tile_config
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a1_ptr, b1_ptr, a2_ptr, b2_ptr,  # A: [N, KD] sorted rows; B: [E, ...] per expert
+    order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+    out_ptr,  # [N, ND] routed-row order
+    KD, ND,
+    stride_be, stride_bk, stride_bn,
+    TWO_PAIRS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(ND, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    row_start = tl.load(tile_row_ptr + pid_m)
+    row_end = tl.load(offsets_ptr + expert + 1)
+
+    rows = row_start + tl.arange(0, BLOCK_M)
+    row_ok = rows < row_end
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < ND
+    offs_k = tl.arange(0, BLOCK_K)
+
+    a_off = rows.to(tl.int64)[:, None] * KD + offs_k[None, :]
+    b_off = expert.to(tl.int64) * stride_be + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(KD, BLOCK_K)):
+        k_ok = offs_k < KD - k * BLOCK_K
+        a_mask = row_ok[:, None] & k_ok[None, :]
+        b_mask = k_ok[:, None] & n_ok[None, :]
+        a = tl.load(a1_ptr + a_off, mask=a_mask, other=0.0)
+        b = tl.load(b1_ptr + b_off, mask=b_mask, other=0.0)
+        acc = mma(a, b, acc, INTERPRET)
+        if TWO_PAIRS:
+            a = tl.load(a2_ptr + a_off, mask=a_mask, other=0.0)
+            b = tl.load(b2_ptr + b_off, mask=b_mask, other=0.0)
+            acc = mma(a, b, acc, INTERPRET)
+        a_off += BLOCK_K
+        b_off += BLOCK_K * stride_bk
+
+    dest = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    out_off = dest.to(tl.int64)[:, None] * ND + offs_n[None, :]
+    tl.store(out_ptr + out_off, cast_rne(acc, out_ptr.dtype.element_ty, INTERPRET), mask=row_ok[:, None] & n_ok[None, :])
+
+
+def _launch(kernel_name, a1, b1, a2, b2, b_strides, nd, order_N, tile_expert, tile_row, offsets_E1, dim, hidden):
+    N, kd = a1.shape
+    out = new_output((N, nd), torch.bfloat16, a1.device)
+    cfg = tile_config(kernel_name, dim, hidden)
+    grid = (tile_expert.numel() * triton.cdiv(nd, cfg.block_n),)
+    if grid[0] == 0:
+        return out
+    _grouped_gemm_kernel[grid](
+        a1, b1, a2 if a2 is not None else a1, b2 if b2 is not None else b1,
+        order_N, tile_expert, tile_row, offsets_E1, out, kd, nd, *b_strides,
+        TWO_PAIRS=a2 is not None,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=interpret_flag(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def expert_down_proj(h_NH, w2_EDH, order_N, tile_expert, tile_row, offsets_E1):
+    """Forward GEMM2: y[order(p)] = h_p W2_e^T, [N, D] bf16 in routed-row order."""
+    E, D, H = w2_EDH.shape
+    strides = (w2_EDH.stride(0), w2_EDH.stride(2), w2_EDH.stride(1))  # B[k=h, n=d] = W2[e, d, h]
+    return _launch("gemm2", h_NH, w2_EDH, None, None, strides, D, order_N, tile_expert, tile_row, offsets_E1, D, H)
+
+
+def expert_input_grad(dg_NH, du_NH, w1_EHD, w3_EHD, order_N, tile_expert, tile_row, offsets_E1):
+    """Backward dx rows: dx[order(p)] = dg_p W1_e + du_p W3_e, [N, D] bf16 in routed-row order."""
+    E, H, D = w1_EHD.shape
+    strides = (w1_EHD.stride(0), w1_EHD.stride(1), w1_EHD.stride(2))  # B[k=h, n=d] = W1[e, h, d]
+    return _launch("dx", dg_NH, w1_EHD, du_NH, w3_EHD, strides, D, order_N, tile_expert, tile_row, offsets_E1, D, H)
