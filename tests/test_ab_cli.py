@@ -1,0 +1,195 @@
+"""`titan-megamoe ab` end to end: with a fake trainer (fast, checks the plumbing) and with the real one (slow)."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from titan_megamoe.ab import cli as ab_cli
+from titan_megamoe.ab import config as cfg
+from titan_megamoe.ab.arm import run_arm
+
+FAKE_TRAINER = textwrap.dedent(
+    '''
+    """Prints a TorchTitan-0.2.2-shaped log; fails like the real trainer on --mega_moe.precision fp8."""
+    import datetime as dt, json, os, sys, time
+    args = sys.argv[1:]
+    def opt(name, default=None):
+        return args[args.index(name) + 1] if name in args else default
+    mega = "--mega_moe.enable" in args
+    assert mega or "--mega_moe.no-enable" in args
+    steps = int(opt("--training.steps"))
+    def log(msg):
+        t = dt.datetime.now()
+        print(f"[titan] {t:%Y-%m-%d %H:%M:%S},{t.microsecond // 1000:03d} - root - INFO - {msg}", flush=True)
+    log("CPU capacity: FakeCPU 9000 with 31.00GiB memory")
+    if mega and opt("--mega_moe.precision") == "fp8":
+        print("Traceback (most recent call last):")
+        print("NotImplementedError: precision='fp8' is not implemented yet in titan-megamoe")
+        sys.exit(1)
+    dump = opt("--job.dump_folder")
+    os.makedirs(dump, exist_ok=True)
+    json.dump({"model": {"name": "qwen3", "flavor": "fake"},
+               "activation_checkpoint": {"mode": "selective", "selective_ac_option": "op"},
+               "mega_moe": {"enable": mega, "save_under_sac": False}},
+              open(os.path.join(dump, opt("--job.save_config_file")), "w"))
+    log("Trainer is initialized with local batch size 2, global batch size 2, gradient accumulation steps 1, "
+        "sequence length 32, total steps %d (warmup 1)" % steps)
+    log("Training starts at step 1")
+    for step in range(1, steps + 1):
+        time.sleep(0.06)
+        loss = 8.0 - 0.25 * step + (0.001 if mega and step > 1 else 0.0)
+        log(f"\\033[31mstep: {step:2}  \\033[32mloss: {loss:8.5f}  grad_norm: {1.0:7.4f}  "
+            f"memory: {0.0:5.2f}GiB(0.00%)  tps: {1066:,}  tflops: 0.00  mfu: 0.00%\\033[39m")
+    log("Training completed")
+    '''
+)
+
+
+@pytest.fixture
+def fake_trainer(tmp_path, monkeypatch):
+    script = tmp_path / "fake_trainer.py"
+    script.write_text(FAKE_TRAINER)
+    monkeypatch.setattr(ab_cli, "python_module_command", lambda *a: [sys.executable, str(script), *a[1:]])
+    config = tmp_path / "c.toml"
+    config.write_text('[model]\nname = "qwen3"\n[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"\n')
+    return config
+
+
+def check_outputs(out: Path, steps: int):
+    for name in ("ab.json", "ab.md", "ab.png", "stock.log", "mega_moe.log"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    record = json.loads((out / "ab.json").read_text())
+    assert set(record["arms"]) == {"stock", "mega_moe"}
+    for arm in record["arms"].values():
+        assert arm["ok"] and arm["returncode"] == 0
+        assert [s["step"] for s in arm["steps"]] == list(range(1, steps + 1))
+        assert all(math.isfinite(s["loss"]) for s in arm["steps"])
+        for key in ("step_time_s", "tps_median", "tflops_median", "mfu_pct_median", "peak_memory_gib", "final_loss"):
+            assert math.isfinite(arm["summary"][key]), key
+        assert arm["summary"]["step_time_s"] > 0
+    comp = record["comparison"]
+    assert math.isfinite(comp["loss_diff"]["max_abs"]) and comp["loss_diff"]["n_steps"] == steps
+    assert math.isfinite(comp["ratios_mega_over_stock"]["step_time"])
+    assert "--mega_moe.no-enable" in record["arms"]["stock"]["command"]
+    assert "--mega_moe.enable" in record["arms"]["mega_moe"]["command"]
+    assert "# titan-megamoe A/B" in (out / "ab.md").read_text()
+    return record
+
+
+def test_fake_trainer_run(fake_trainer, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = ab_cli.main(["--config", str(fake_trainer), "--steps", "4", "--warmup", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    record = check_outputs(out, 4)
+    assert record["arms"]["stock"]["run_info"]["device_name"] == "FakeCPU 9000"
+    assert record["environment"]["device"] == "FakeCPU 9000"
+    assert record["arms"]["mega_moe"]["settings"]["ac_saves"].endswith("fused MoE op recomputed (mega_moe.save_under_sac=false)")
+    assert record["comparison"]["loss_diff"]["max_abs"] == pytest.approx(0.001)
+    assert "[mega_moe] step 4/4 loss 7.0010" in captured.out
+    assert captured.out.rstrip().splitlines()[-1].startswith(("step time:", "warning:"))  # the table comes last
+    assert "mega/stock" in captured.out and "speedup" in captured.out
+    assert "--debug.deterministic" in record["arms"]["stock"]["command"]
+
+
+def test_fake_trainer_arm_failure(fake_trainer, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = ab_cli.main(["--config", str(fake_trainer), "--steps", "2", "--warmup", "0", "--out", str(out),
+                      "--no-deterministic", "--", "--mega_moe.precision", "fp8"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "[mega_moe] FAILED (exit code 1)" in captured.err
+    assert "NotImplementedError: precision='fp8'" in captured.err  # the log tail
+    record = json.loads((out / "ab.json").read_text())
+    assert record["ok"] is False and record["arms"]["stock"]["ok"] and not record["arms"]["mega_moe"]["ok"]
+    assert "--debug.deterministic" not in record["arms"]["stock"]["command"]
+    assert (out / "ab.md").is_file() and (out / "ab.png").is_file()
+    assert "FAILED" in captured.out
+
+
+def test_usage_errors(tmp_path, capsys):
+    assert ab_cli.main(["--config", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "o")]) == 2
+    assert "not found" in capsys.readouterr().err
+    config = tmp_path / "c.toml"
+    config.write_text("")
+    assert ab_cli.main(["--config", str(config), "--", "--mega_moe.enable"]) == 2
+    assert "not allowed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab_cli.main(["--steps", "3", "--warmup", "3"])
+    with pytest.raises(SystemExit):
+        ab_cli.main(["--training.steps", "3"])  # overrides belong after --
+    assert not (tmp_path / "o").exists()
+
+
+def test_interrupt_terminates_child(tmp_path):
+    pid_file = tmp_path / "pid"
+    child = [sys.executable, "-c", f"import os,time; open({str(pid_file)!r},'w').write(str(os.getpid())); "
+             "print('started', flush=True); time.sleep(60)"]
+
+    def interrupt():
+        deadline = time.time() + 20
+        while not pid_file.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    t0 = time.time()
+    result = run_arm("stock", child, tmp_path / "stock.log", 3, echo=lambda s: None)
+    assert result.interrupted and not result.ok and result.failure == "interrupted"
+    assert time.time() - t0 < 30
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert "interrupted" in (tmp_path / "stock.log").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The real trainer (`titan-megamoe train`) on the bundled tiny CPU config.
+
+def _real_trainer_available():
+    try:
+        import titan_megamoe.integrations.torchtitan.launch  # noqa: F401
+    except ImportError:
+        return False
+    return cfg.DEFAULT_CONFIG in cfg.bundled_configs()
+
+
+needs_trainer = pytest.mark.skipif(not _real_trainer_available(), reason="titan-megamoe train / tiny_cpu.toml missing")
+
+
+def run_ab(*args, timeout=170):
+    return subprocess.run([sys.executable, "-m", "titan_megamoe.cli", "ab", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_real_ab_tiny(tmp_path):
+    out = tmp_path / "ab"
+    proc = run_ab("--steps", "3", "--warmup", "1", "--nproc", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = check_outputs(out, 3)
+    assert record["config"].endswith(cfg.DEFAULT_CONFIG)
+    assert "mega/stock" in proc.stdout and "step time, median (s)" in proc.stdout
+    assert "[stock] step 3/3" in proc.stdout and "[mega_moe] step 3/3" in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith(("step time:", "warning:"))  # the table comes last
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_real_ab_mega_arm_fails(tmp_path):
+    out = tmp_path / "ab"
+    proc = run_ab("--steps", "1", "--warmup", "0", "--nproc", "1", "--out", str(out), "--", "--mega_moe.precision", "fp8")
+    assert proc.returncode == 1
+    assert "[mega_moe] FAILED" in proc.stderr and "not implemented yet" in proc.stderr
+    record = json.loads((out / "ab.json").read_text())
+    assert record["arms"]["stock"]["ok"] and not record["arms"]["mega_moe"]["ok"]

@@ -1,0 +1,100 @@
+"""A/B config handling: bundled-config lookup, TOML + CLI overrides, the activation-checkpointing line."""
+
+from pathlib import Path
+
+import pytest
+
+from titan_megamoe.ab import config as cfg
+
+TOML = """
+[model]
+name = "qwen3"
+flavor = "tiny"
+[training]
+local_batch_size = 2
+seq_len = 64
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+"""
+
+
+def test_parse_overrides_forms():
+    got = cfg.parse_overrides([
+        "--training.seq_len", "128", "--debug.deterministic", "--compile.enable=true",
+        "--model.converters", "quantize.linear.float8,quantize.grouped_mm.float8",
+        "--debug.no-deterministic_warn_only", "--lr_scheduler.warmup-steps", "2", "--optimizer.lr", "3e-4",
+        "--parallelism.data_parallel_shard_degree", "-1",
+    ])
+    assert got == [
+        ("training.seq_len", 128), ("debug.deterministic", True), ("compile.enable", True),
+        ("model.converters", "quantize.linear.float8,quantize.grouped_mm.float8"),
+        ("debug.deterministic_warn_only", False), ("lr_scheduler.warmup_steps", 2), ("optimizer.lr", 3e-4),
+        ("parallelism.data_parallel_shard_degree", -1),
+    ]
+    with pytest.raises(cfg.ConfigError, match="expected --section.key"):
+        cfg.parse_overrides(["training.steps", "3"])
+
+
+def test_load_config_applies_overrides(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_text(TOML)
+    values = cfg.load_config(path, ["--training.seq_len", "128", "--quantize.linear.float8.recipe_name", "rowwise"])
+    assert values["training"] == {"local_batch_size": 2, "seq_len": 128}
+    assert values["quantize"]["linear"]["float8"]["recipe_name"] == "rowwise"
+    assert cfg.lookup(values, "model.name") == "qwen3" and cfg.lookup(values, "nope.x", 5) == 5
+    # TorchTitan's own default where the TOML is silent
+    assert cfg.setting(values, "parallelism.tensor_parallel_degree") == 1
+
+
+def test_bad_toml(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[training\n")
+    with pytest.raises(cfg.ConfigError, match="not valid TOML"):
+        cfg.load_config(path, [])
+
+
+def test_resolve_config_path(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(TOML)
+    assert cfg.resolve_config_path(str(path)) == path.resolve()
+    with pytest.raises(cfg.ConfigError, match="not found"):
+        cfg.resolve_config_path(str(tmp_path / "missing.toml"))
+    with pytest.raises(cfg.ConfigError, match="bundled"):
+        cfg.resolve_config_path("no_such_bundled_config.toml")
+
+
+def test_bundled_default_config():
+    if cfg.DEFAULT_CONFIG not in cfg.bundled_configs():
+        pytest.skip("bundled configs not present in this checkout yet")
+    path = cfg.resolve_config_path(None)
+    assert path.name == cfg.DEFAULT_CONFIG and path.is_file()
+    assert cfg.resolve_config_path(cfg.DEFAULT_CONFIG.removesuffix(".toml")) == path
+
+
+@pytest.mark.parametrize(
+    "mode, option, mega, save, expect",
+    [
+        ("none", None, False, None, "no AC"),
+        ("full", None, True, None, "full AC"),
+        ("selective", "2", False, None, "every 2 layer"),
+        ("selective", "op", False, None, "grouped_mm recomputed"),
+        ("selective", "op", True, False, "fused MoE op recomputed"),
+        ("selective", "op", True, True, "fused MoE op saved"),
+    ],
+)
+def test_describe_ac(mode, option, mega, save, expect):
+    text = cfg.describe_ac(mode, option, "qwen3", mega, save)
+    assert expect in text
+    if option == "op":
+        assert "saves mm (every 2nd" in text and "SDPA" in text
+
+
+def test_arm_settings(tmp_path):
+    path = tmp_path / "x.toml"
+    path.write_text(TOML)
+    values = cfg.load_config(path, ["--mega_moe.save_under_sac", "true"])
+    stock, mega = cfg.arm_settings(values, False), cfg.arm_settings(values, True)
+    assert stock["mega_moe.save_under_sac"] is None and "grouped_mm recomputed" in stock["ac_saves"]
+    assert mega["mega_moe.save_under_sac"] is True and "fused MoE op saved" in mega["ac_saves"]
+    assert stock["local_batch_size"] == 2 and stock["model"] == "qwen3 tiny"

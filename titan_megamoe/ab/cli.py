@@ -1,0 +1,237 @@
+"""`titan-megamoe ab`: train the same config with the stock MoE and with mega_moe, then compare.
+
+Runs the stock arm (`--mega_moe.no-enable`) and then the mega_moe arm (`--mega_moe.enable`) as child
+processes of `titan-megamoe train`, same seed and determinism flags, user overrides appended to both.
+Writes to the out dir: stock.log, mega_moe.log, ab.json (everything), ab.md (table + settings), ab.png
+(loss curves, step times); prints the table last. Exit code 0 when both arms trained and logged metrics,
+1 when an arm failed, 2 for a usage error, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from . import config as cfg
+from .arm import ArmResult, python_module_command, run_arm
+from .environment import environment
+from .plot import plot_ab
+from .report import format_table, write_json, write_markdown
+from .stats import compare, loss_difference, summarize_arm
+
+DEFAULT_STEPS = 12
+DEFAULT_WARMUP = 2
+DEFAULT_SEED = 42
+ARMS = (("stock", False), ("mega_moe", True))
+SAVED_CONFIG = "resolved_config.json"  # written by the trainer into each arm's dump folder
+# Overrides that would break the comparison or the parsing; each has its own option here.
+RESERVED = {
+    "mega_moe.enable": "the A/B sets it per arm",
+    "training.steps": "use --steps",
+    "debug.seed": "use --seed",
+    "metrics.log_freq": "the A/B needs a metric line every step",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="titan-megamoe ab",
+        description="Train one config with the stock TorchTitan MoE and with mega_moe; compare speed, memory, loss.",
+        epilog="TorchTitan overrides for both arms go after `--`, e.g. "
+        "`titan-megamoe ab --steps 20 -- --activation_checkpoint.mode full`",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help=f"TOML path or bundled config name (default: bundled {cfg.DEFAULT_CONFIG}, the CPU demo)",
+    )
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"training steps per arm (default {DEFAULT_STEPS})")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=DEFAULT_WARMUP,
+        help=f"first steps left out of the timing statistics (default {DEFAULT_WARMUP})",
+    )
+    p.add_argument("--out", default="ab_out", help="output directory (default ./ab_out)")
+    p.add_argument("--nproc", type=int, default=None, help="processes per arm, passed to `titan-megamoe train`")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"--debug.seed of both arms (default {DEFAULT_SEED})")
+    p.add_argument(
+        "--no-deterministic",
+        dest="deterministic",
+        action="store_false",
+        help="do not pass --debug.deterministic (faster on GPU; loss curves then need not match bit for bit)",
+    )
+    return p
+
+
+def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def arm_command(args: argparse.Namespace, config_path: Path, out: Path, arm: str, mega: bool, overrides: list[str]):
+    cmd = ["train", "--config", str(config_path)]
+    if args.nproc is not None:
+        cmd += ["--nproc", str(args.nproc)]
+    # [mega_moe] enable is a bool field: TorchTitan's CLI (tyro) spells it as a flag pair
+    cmd.append("--mega_moe.enable" if mega else "--mega_moe.no-enable")
+    cmd += ["--training.steps", str(args.steps), "--debug.seed", str(args.seed)]
+    if args.deterministic:
+        cmd.append("--debug.deterministic")
+    cmd += ["--metrics.log_freq", "1", "--metrics.disable_color_printing"]
+    cmd += ["--job.dump_folder", str((out / arm).resolve()), "--job.save_config_file", SAVED_CONFIG]
+    return python_module_command(*cmd, *overrides)
+
+
+def _arm_record(result: ArmResult, args, values: dict, mega: bool, out: Path) -> dict:
+    parser = result.parser
+    saved = cfg.load_saved(out / result.name / SAVED_CONFIG)
+    if saved is not None:  # the JobConfig the trainer itself resolved: the authority
+        values = saved
+        settings = {**cfg.arm_settings(values, mega), "source": str(out / result.name / SAVED_CONFIG)}
+    else:
+        settings = cfg.arm_settings(values, mega)
+    tokens = parser.tokens_per_step
+    if tokens is None and isinstance(settings.get("local_batch_size"), int) and isinstance(settings.get("seq_len"), int):
+        tokens = settings["local_batch_size"] * settings["seq_len"]
+    non_dp = 1
+    for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
+        non_dp *= int(cfg.setting(values, f"parallelism.{key}") or 1)
+    summary = summarize_arm(parser.steps, args.warmup, parser.start_time, tokens, non_dp)
+    return {
+        "ok": result.ok,
+        "failure": result.failure,
+        "returncode": result.returncode,
+        "interrupted": result.interrupted,
+        "wall_s": result.wall_s,
+        "command": result.command,
+        "command_line": shlex.join(result.command),
+        "log": str(result.log_path),
+        "settings": settings,
+        "run_info": dict(parser.info),
+        "summary": summary,
+        "steps": [s.to_json() for s in parser.steps],
+    }
+
+
+NOISY_IQR = 0.25  # interquartile range of the timed step times, relative to their median
+FEW_TIMED_STEPS = 5
+
+
+def _warnings(record: dict, steps: int) -> list[str]:
+    out = []
+    for arm, a in record["arms"].items():
+        s = a["summary"]
+        if a["ok"] and s["n_timed_steps"] < FEW_TIMED_STEPS:
+            out.append(f"{arm}: only {s['n_timed_steps']} timed steps; use more --steps for a timing comparison")
+        if s.get("step_time_iqr_s") and s.get("step_time_s"):
+            q1, q3 = s["step_time_iqr_s"]
+            spread = (q3 - q1) / s["step_time_s"]
+            if spread > NOISY_IQR:
+                out.append(
+                    f"{arm}: step times are noisy (interquartile range {100 * spread:.0f}% of the median); "
+                    f"is the machine shared? treat the timing ratios with care"
+                )
+        if a["ok"] and s["n_steps"] != steps:
+            out.append(f"{arm}: {s['n_steps']} step lines parsed, {steps} requested")
+        wall, tps = s.get("step_time_s"), s.get("step_time_from_tps_s")
+        if wall and tps and wall > 0.05 and abs(wall - tps) > 0.1 * wall:
+            out.append(
+                f"{arm}: step time from timestamps ({wall:.4f} s) and from tokens/tps ({tps:.4f} s) differ by >10%"
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, overrides = _split_overrides(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(ours)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (TorchTitan overrides go after `--`)")
+    if args.steps < 1 or args.warmup < 0 or args.warmup >= args.steps:
+        parser.error(f"need --steps >= 1 and 0 <= --warmup < --steps (got steps {args.steps}, warmup {args.warmup})")
+    if args.nproc is not None and args.nproc < 1:
+        parser.error("--nproc must be >= 1")
+    try:
+        config_path = cfg.resolve_config_path(args.config)
+        keys = {k for k, _ in cfg.parse_overrides(overrides)}
+        for key, why in RESERVED.items():
+            if key in keys:
+                raise cfg.ConfigError(f"override --{key} is not allowed here: {why}")
+        values = cfg.load_config(config_path, overrides)
+    except cfg.ConfigError as e:
+        print(f"titan-megamoe ab: {e}", file=sys.stderr)
+        return 2
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[tuple[ArmResult, bool]] = []
+    interrupted = False
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        for arm, mega in ARMS:
+            result = run_arm(arm, arm_command(args, config_path, out, arm, mega, overrides), out / f"{arm}.log", args.steps)
+            results.append((result, mega))
+            if result.interrupted:
+                interrupted = True
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    record = {
+        "tool": "titan-megamoe ab",
+        "argv": argv,
+        "config": str(config_path),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "nproc": args.nproc or 1,
+        "seed": args.seed,
+        "deterministic": args.deterministic,
+        "overrides": overrides,
+        "interrupted": interrupted,
+        "arms": {r.name: _arm_record(r, args, values, mega, out) for r, mega in results},
+    }
+    info = next((r.parser.info for r, _ in results if r.parser.info.get("device_name")), {})
+    record["environment"] = environment(info)
+    by_name = {r.name: r for r, _ in results}
+    if "stock" in by_name and "mega_moe" in by_name:
+        comparison = compare(record["arms"]["stock"]["summary"], record["arms"]["mega_moe"]["summary"])
+        comparison["loss_diff"] = loss_difference(by_name["stock"].parser.steps, by_name["mega_moe"].parser.steps)
+        record["comparison"] = comparison
+    record["warnings"] = _warnings(record, args.steps)
+    ok = len(results) == len(ARMS) and all(r.ok for r, _ in results) and not interrupted
+    record["ok"] = ok
+
+    sys.stdout.flush()
+    for r, _ in results:
+        if not r.ok and not r.interrupted:
+            print(f"\n[{r.name}] FAILED ({r.failure}); last 40 lines of {r.log_path}:", file=sys.stderr)
+            print(r.log_tail(40), file=sys.stderr)
+    write_json(record, out / "ab.json")
+    write_markdown(record, out / "ab.md")
+    try:
+        plot_ab(record, out / "ab.png")
+    except Exception as e:  # noqa: BLE001 - a plotting problem must not hide the numbers
+        print(f"titan-megamoe ab: could not draw ab.png: {e}", file=sys.stderr)
+    sys.stderr.flush()
+    print(f"\nwrote {out / 'ab.json'}, {out / 'ab.md'}, {out / 'ab.png'}, arm logs in {out}\n")
+    print(format_table(record))
+    if interrupted:
+        return 130
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Turn the A/B record (the dict that becomes ab.json) into the console table, ab.md and ab.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+ARMS = ("stock", "mega_moe")
+
+# (label, summary key, format, ratio key)
+ROWS = (
+    ("step time, median (s)", "step_time_s", "{:.4f}", "step_time"),
+    ("tokens/s per device, median", "tps_median", "{:,.0f}", "tps"),
+    ("TFLOP/s per device, median", "tflops_median", "{:,.2f}", "tflops"),
+    ("MFU, median (%)", "mfu_pct_median", "{:.2f}", "mfu"),
+    ("peak memory reserved (GiB)", "peak_memory_gib", "{:.2f}", "peak_memory"),
+    ("final loss", "final_loss", "{:.5f}", None),
+)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return spec.format(value)
+
+
+def _arm_column(record: dict, arm: str) -> list[str]:
+    a = record["arms"].get(arm)
+    if a is None:
+        return ["not run"] * (len(ROWS) + 1)
+    s = a.get("summary") or {}
+    cells = [_fmt(s.get(key), spec) for _, key, spec, _ in ROWS]
+    cells.append(f"{s.get('n_steps', 0)} / {s.get('n_timed_steps', 0)}")
+    if not a.get("ok"):
+        cells[0] = f"FAILED ({a.get('failure')})" if not s.get("step_time_s") else cells[0] + " (FAILED)"
+    return cells
+
+
+def table_rows(record: dict) -> list[list[str]]:
+    ratios = (record.get("comparison") or {}).get("ratios_mega_over_stock") or {}
+    cols = {arm: _arm_column(record, arm) for arm in ARMS}
+    rows = [["metric", "stock", "mega_moe", "mega/stock"]]
+    for i, (label, _, _, rkey) in enumerate(ROWS):
+        rows.append([label, cols["stock"][i], cols["mega_moe"][i], _fmt(ratios.get(rkey), "{:.3f}") if rkey else ""])
+    rows.append(["steps logged / timed", cols["stock"][-1], cols["mega_moe"][-1], ""])
+    return rows
+
+
+def _notes(record: dict) -> list[str]:
+    comp = record.get("comparison") or {}
+    ld = comp.get("loss_diff") or {}
+    notes = []
+    if comp.get("speedup"):
+        notes.append(f"speedup (stock step time / mega_moe step time): {comp['speedup']:.3f}x")
+    if ld.get("n_steps"):
+        same = ", identical" if ld.get("identical") else ""
+        notes.append(
+            f"loss |mega_moe - stock| per step: max {_fmt(ld.get('max_abs'), '{:.5f}')} "
+            f"(step {ld.get('max_abs_step')}), mean {_fmt(ld.get('mean_abs'), '{:.5f}')} "
+            f"over {ld['n_steps']} steps{same} (losses as logged, 5 decimals)"
+        )
+        if ld.get("non_finite_steps"):
+            notes.append(f"non-finite loss difference at steps {ld['non_finite_steps']}")
+    for arm in ARMS:
+        a = record["arms"].get(arm) or {}
+        if a.get("settings"):
+            notes.append(f"AC {arm}: {a['settings']['ac_saves']}")
+    method = next(
+        ((record["arms"][a].get("summary") or {}).get("step_time_method") for a in ARMS if a in record["arms"]), None
+    )
+    if method:
+        notes.append(f"step time: {method}; the first {record['warmup']} step(s) left out of all timing medians")
+    for w in record.get("warnings", []):
+        notes.append(f"warning: {w}")
+    return notes
+
+
+def _device(env: dict) -> str:
+    if str(env.get("device", "")).lower().startswith("cpu") and env.get("cpu"):
+        return f"{env['device']} ({env['cpu']}, {env.get('cpu_count')} logical cores)"
+    return str(env.get("device"))
+
+
+def format_table(record: dict) -> str:
+    rows = table_rows(record)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    env = record["environment"]
+    v = env["versions"]
+    git = env.get("git") or {}
+    commit = (git.get("commit") or "?")[:10] + (" (dirty)" if git.get("dirty") else "") if git else "n/a"
+    lines = [
+        "titan-megamoe A/B: stock TorchTitan MoE vs mega_moe",
+        f"config {record['config']}  steps {record['steps']}  warmup {record['warmup']}  nproc {record['nproc']}"
+        f"  seed {record['seed']}  deterministic {record['deterministic']}",
+        f"device {_device(env)}  torch {v.get('torch')}  triton {v.get('triton')}  torchtitan {v.get('torchtitan')}"
+        f"  commit {commit}",
+        "",
+    ]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    lines.append("")
+    lines.extend(_notes(record))
+    return "\n".join(lines)
+
+
+def format_markdown(record: dict) -> str:
+    rows = table_rows(record)
+    env = record["environment"]
+    md = ["# titan-megamoe A/B: stock vs mega_moe", ""]
+    md.append("| " + " | ".join(rows[0]) + " |")
+    md.append("|" + "---|" * len(rows[0]))
+    md.extend("| " + " | ".join(r) + " |" for r in rows[1:])
+    md += ["", *[f"- {n}" for n in _notes(record)], "", "## Settings", ""]
+    md += [
+        f"- config: `{record['config']}`",
+        f"- steps: {record['steps']}, warm-up dropped for timing: {record['warmup']}, nproc: {record['nproc']}",
+        f"- seed: {record['seed']}, deterministic: {record['deterministic']}",
+        f"- overrides (both arms): `{' '.join(record['overrides']) or '(none)'}`",
+    ]
+    for arm in ARMS:
+        a = record["arms"].get(arm)
+        if not a:
+            continue
+        s = a.get("settings") or {}
+        info = a.get("run_info") or {}
+        md += [
+            "",
+            f"### {arm}",
+            "",
+            f"- status: {'ok' if a.get('ok') else 'FAILED: ' + str(a.get('failure'))}, exit code {a.get('returncode')},"
+            f" wall {a.get('wall_s', 0):.1f} s, log `{a.get('log')}`",
+            f"- command: `{a.get('command_line')}`",
+            f"- model: {s.get('model')}, local batch {info.get('local_batch_size', s.get('local_batch_size'))},"
+            f" seq len {info.get('seq_len', s.get('seq_len'))},"
+            f" tokens/step/rank {(a.get('summary') or {}).get('tokens_per_step_per_rank')}",
+            f"- activation checkpointing: {s.get('ac_saves')} (settings from {s.get('source', 'TOML + overrides')})",
+        ]
+    v = env["versions"]
+    git = env.get("git") or {}
+    md += [
+        "",
+        "## Environment",
+        "",
+        f"- date: {env['date']}, host: {env['host']}, platform: {env['platform']}, python {env['python']}",
+        f"- device: {_device(env)} (from the {env['device_source']}), peak FLOPS for MFU: {env.get('peak_flops_for_mfu')}",
+        "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        f"- git: {git.get('commit', 'n/a')}{' (dirty)' if git.get('dirty') else ''}",
+        "",
+        "TFLOP/s and MFU are TorchTitan's: model FLOPs per token x tps, the same FLOP count in both arms, so their"
+        " ratio equals the tps ratio.",
+        "",
+    ]
+    return "\n".join(md)
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN/inf: store them as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_json(record: dict, path: Path) -> None:
+    path.write_text(json.dumps(_finite(record), indent=2, allow_nan=False) + "\n")
+
+
+def write_markdown(record: dict, path: Path) -> None:
+    path.write_text(format_markdown(record))

@@ -1,0 +1,120 @@
+"""Per-arm summaries (warm-up steps dropped for timing) and the mega/stock comparison."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import statistics
+from typing import Sequence
+
+from .metrics import StepMetrics
+
+STEP_TIME_METHOD = (
+    "median over the timed steps of the wall-clock between consecutive step log lines "
+    "(log_freq 1, millisecond timestamps; step 1 is measured from 'Training starts')"
+)
+TPS_TIME_METHOD = "tokens per step per rank / (tps * non-data-parallel size), TorchTitan's own perf_counter interval"
+
+
+def median(values: Sequence[float]) -> float | None:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(values) if values else None
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float] | None:
+    values = sorted(v for v in values if v is not None and math.isfinite(v))
+    if len(values) < 2:
+        return None
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def step_times(steps: Sequence[StepMetrics], start_time: dt.datetime | None = None) -> dict[int, float]:
+    """Seconds per step from the log timestamps: each step line minus the previous one."""
+    out: dict[int, float] = {}
+    prev = start_time
+    for s in steps:
+        if s.time is not None and prev is not None:
+            out[s.step] = (s.time - prev).total_seconds()
+        prev = s.time
+    return out
+
+
+def summarize_arm(
+    steps: Sequence[StepMetrics],
+    warmup: int,
+    start_time: dt.datetime | None = None,
+    tokens_per_step: int | None = None,
+    non_dp_size: int = 1,
+) -> dict:
+    """Timing medians over steps > warmup; peak memory over all steps; losses of all steps."""
+    times = step_times(steps, start_time)
+    timed = [s for s in steps if s.step > warmup]
+    wall = [times[s.step] for s in timed if s.step in times]
+    from_tps = (
+        [tokens_per_step / (s.tps * non_dp_size) for s in timed if s.tps > 0]
+        if tokens_per_step
+        else []
+    )
+    step_time = median(wall)
+    method = STEP_TIME_METHOD
+    if step_time is None and from_tps:
+        step_time, method = median(from_tps), TPS_TIME_METHOD
+    iqr = quartiles(wall)
+    memory = [s.memory_gib for s in steps if math.isfinite(s.memory_gib)]
+    return {
+        "n_steps": len(steps),
+        "n_timed_steps": len(timed),
+        "timed_steps": [s.step for s in timed],
+        "step_time_s": step_time,
+        "step_time_method": method,
+        "step_time_iqr_s": list(iqr) if iqr else None,
+        "step_time_from_tps_s": median(from_tps),
+        "tokens_per_step_per_rank": tokens_per_step,
+        "tps_median": median([s.tps for s in timed]),
+        "tflops_median": median([s.tflops for s in timed]),
+        "mfu_pct_median": median([s.mfu_pct for s in timed]),
+        "peak_memory_gib": max(memory) if memory else None,
+        "peak_memory_pct": max((s.memory_pct for s in steps), default=None),
+        "final_loss": steps[-1].loss if steps else None,
+        "step_time_s_per_step": {str(k): v for k, v in times.items()},
+    }
+
+
+def ratio(mega: float | None, stock: float | None) -> float | None:
+    if mega is None or stock is None or stock == 0 or not (math.isfinite(mega) and math.isfinite(stock)):
+        return None
+    return mega / stock
+
+
+def loss_difference(stock: Sequence[StepMetrics], mega: Sequence[StepMetrics]) -> dict:
+    """|loss_mega - loss_stock| over every step both arms logged (warm-up included)."""
+    a = {s.step: s.loss for s in stock}
+    b = {s.step: s.loss for s in mega}
+    common = sorted(set(a) & set(b))
+    diffs = {k: abs(b[k] - a[k]) for k in common}
+    finite = [d for d in diffs.values() if math.isfinite(d)]
+    worst = max(diffs, key=lambda k: diffs[k] if math.isfinite(diffs[k]) else math.inf) if diffs else None
+    return {
+        "n_steps": len(common),
+        "max_abs": max(finite) if finite else None,
+        "mean_abs": sum(finite) / len(finite) if finite else None,
+        "max_abs_step": worst,
+        "non_finite_steps": [k for k, d in diffs.items() if not math.isfinite(d)],
+        "identical": bool(common) and all(a[k] == b[k] for k in common),
+        "per_step": {str(k): diffs[k] for k in common},
+    }
+
+
+def compare(stock: dict, mega: dict) -> dict:
+    """mega/stock ratios of the arm summaries; speedup = stock step time / mega step time."""
+    keys = {
+        "step_time": "step_time_s",
+        "tps": "tps_median",
+        "tflops": "tflops_median",
+        "mfu": "mfu_pct_median",
+        "peak_memory": "peak_memory_gib",
+    }
+    ratios = {name: ratio(mega.get(k), stock.get(k)) for name, k in keys.items()}
+    st = ratios["step_time"]
+    return {"ratios_mega_over_stock": ratios, "speedup": (1 / st) if st else None}
