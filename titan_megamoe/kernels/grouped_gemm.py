@@ -19,6 +19,19 @@ from .configs import tile_config
 
 
 @triton.jit
+def _accumulate(acc, a_ptr, b_ptr, a_off, b_off, row_ok, n_ok, offs_k, KD, stride_bk, BLOCK_K: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    for k in range(0, tl.cdiv(KD, BLOCK_K)):
+        k_ok = offs_k < KD - k * BLOCK_K
+        a = tl.load(a_ptr + a_off, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = mma(a, b, acc, INTERPRET)
+        a_off += BLOCK_K
+        b_off += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     a1_ptr, b1_ptr, a2_ptr, b2_ptr,  # A: [N, KD] sorted rows; B: [E, ...] per expert
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
@@ -47,19 +60,12 @@ def _grouped_gemm_kernel(
     a_off = rows.to(tl.int64)[:, None] * KD + offs_k[None, :]
     b_off = expert.to(tl.int64) * stride_be + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(KD, BLOCK_K)):
-        k_ok = offs_k < KD - k * BLOCK_K
-        a_mask = row_ok[:, None] & k_ok[None, :]
-        b_mask = k_ok[:, None] & n_ok[None, :]
-        a = tl.load(a1_ptr + a_off, mask=a_mask, other=0.0)
-        b = tl.load(b1_ptr + b_off, mask=b_mask, other=0.0)
-        acc = mma(a, b, acc, INTERPRET)
-        if TWO_PAIRS:
-            a = tl.load(a2_ptr + a_off, mask=a_mask, other=0.0)
-            b = tl.load(b2_ptr + b_off, mask=b_mask, other=0.0)
-            acc = mma(a, b, acc, INTERPRET)
-        a_off += BLOCK_K
-        b_off += BLOCK_K * stride_bk
+    acc = _accumulate(acc, a1_ptr, b1_ptr, a_off, b_off, row_ok, n_ok, offs_k, KD, stride_bk, BLOCK_K, INTERPRET)
+    if TWO_PAIRS:
+        # a second pass over K into the same accumulator, not interleaved with the first: an interleaved
+        # loop would hold four operand tiles per pipeline stage and overflow shared memory
+        acc = _accumulate(acc, a2_ptr, b2_ptr, a_off, b_off, row_ok, n_ok, offs_k, KD, stride_bk, BLOCK_K,
+                          INTERPRET)
 
     dest = tl.load(order_ptr + rows, mask=row_ok, other=0)
     out_off = dest.to(tl.int64)[:, None] * ND + offs_n[None, :]
