@@ -1,0 +1,252 @@
+"""Expert weight-gradient kernels (titan_megamoe/kernels/wgrad.py) against a float64 oracle.
+
+Runs under the Triton interpreter on CPU (TRITON_INTERPRET=1 is set below, before triton is imported;
+export TRITON_INTERPRET=0 on a GPU machine to run the same cases compiled on CUDA). Tolerance, the
+FlashAttention rule: |kernel - ref64|.max() <= 2 * |torch_bf16 - ref64|.max() + 1e-5, where torch_bf16 does
+the same GEMMs in bf16 per expert. Outputs are poisoned with NaN before each call, so a tile the kernel
+fails to write (an empty expert, a ragged edge) fails the test.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of triton
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from titan_megamoe.kernels import wgrad  # noqa: E402
+from titan_megamoe.routing import build_routing, check_routing_invariants  # noqa: E402
+
+
+def _patch_interpreter_for_numpy_2_4() -> None:
+    """Triton 3.6's interpreter converts a 1-element array to int for `range(lo, hi)` with loaded bounds,
+    which numpy >= 2.4 rejects (triton-lang/triton#9171, fixed upstream). Apply the upstream fix; it is
+    the same conversion on older numpy, so it is applied whatever numpy is installed."""
+    import triton.runtime.interpreter as interp
+
+    if getattr(interp, "_megamoe_index_fix", False):
+        return
+    original = interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    interp._patch_lang_tensor = patched
+    interp._megamoe_index_fix = True
+
+
+if wgrad._INTERPRETED:
+    _patch_interpreter_for_numpy_2_4()
+    DEVICE = "cpu"
+else:
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "titan_megamoe.kernels.wgrad was imported before TRITON_INTERPRET=1 was set and there is no "
+            "GPU: run this file on its own (`TRITON_INTERPRET=1 pytest tests/test_kernel_wgrad.py`)"
+        )
+    DEVICE = "cuda"
+
+# tiny tiles for the interpreter; the variants cover ragged edges, persistence, split-k, visit order
+SMALL = dict(block_m=16, block_n=32, block_k=16)
+CONFIGS = {
+    "base": SMALL,
+    "persistent": dict(SMALL, num_programs=3, heavy_first=False),
+    "split3": dict(SMALL, split_k=3),
+    "wide": dict(block_m=32, block_n=32, block_k=32),
+    "scale_dout": dict(SMALL, scale_b=False),  # dW2's score applied to dout (A) instead of h (B)
+}
+
+# name: (T, K, E, D, H)
+CASES = {
+    "random": (40, 2, 4, 48, 32),
+    "skewed": (32, 2, 6, 32, 48),  # every token's first choice is expert 3
+    "empty": (20, 2, 6, 32, 32),  # experts 0, 2 and 5 get no rows
+    "all_one": (12, 2, 4, 32, 32),  # both slots of every token on expert 1: all N rows on one expert
+    "k1": (24, 1, 4, 32, 32),
+    "t1": (1, 2, 4, 32, 32),
+}
+
+
+def _topk_ids(case: str, T: int, K: int, E: int, gen: torch.Generator) -> torch.Tensor:
+    logits = torch.randn(T, E, generator=gen)
+    if case == "skewed":
+        logits[:, 3] += 100.0
+    if case == "empty":
+        logits[:, [0, 2, 5]] = float("-inf")
+    ids = logits.topk(K, dim=1).indices
+    if case == "all_one":
+        ids = torch.full_like(ids, 1)
+    return ids
+
+
+def _problem(case: str, seed: int = 0):
+    """Realistic operands from a small float32 MoE forward/backward, in bf16 and expert-sorted order."""
+    T, K, E, D, H = CASES[case]
+    gen = torch.Generator().manual_seed(seed)
+    ids_TK = _topk_ids(case, T, K, E, gen)
+    routing = build_routing(ids_TK, E)
+    check_routing_invariants(routing, ids_TK, E)
+    tok = routing.order_N.long() // K
+    experts = ids_TK.reshape(-1)[routing.order_N.long()]
+    x = torch.randn(T, D, generator=gen)
+    w1, w3 = (0.02 * torch.randn(E, H, D, generator=gen) for _ in range(2))
+    w2 = 0.02 * torch.randn(E, D, H, generator=gen)
+    scores = torch.softmax(torch.randn(T, K, generator=gen), dim=1).reshape(-1)[routing.order_N.long()]
+    dout = torch.randn(T, D, generator=gen)
+    g = torch.einsum("nd,nhd->nh", x[tok], w1[experts])
+    u = torch.einsum("nd,nhd->nh", x[tok], w3[experts])
+    h = F.silu(g) * u
+    dh = torch.einsum("nd,ndh->nh", scores[:, None] * dout[tok], w2[experts])
+    sig = torch.sigmoid(g)
+    dg = dh * u * sig * (1 + g * (1 - sig))
+    du = dh * F.silu(g)
+    bf = lambda t: t.to(torch.bfloat16).to(DEVICE).contiguous()  # noqa: E731
+    return dict(
+        x=bf(x), dout=bf(dout), h=bf(h), dg=bf(dg), du=bf(du), scale=scores.float().to(DEVICE),
+        order=routing.order_N.to(DEVICE), offsets=routing.offsets_E1.to(DEVICE), K=K, E=E, D=D, H=H,
+    )  # fmt: skip
+
+
+def _assert_close(name, out, ref64, ref_bf16):
+    assert not torch.isnan(out).any(), f"{name}: NaN left in the output (a tile was not written)"
+    err = (out.double().cpu() - ref64.cpu()).abs().max().item()
+    err_torch = (ref_bf16.double().cpu() - ref64.cpu()).abs().max().item()
+    assert err <= 2 * err_torch + 1e-5, f"{name}: max error {err:.3e} > 2 * torch bf16 error {err_torch:.3e} + 1e-5"
+
+
+def _nan(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def _check_w2(p, out_dtype, use_scale, cfg):
+    scale = p["scale"] if use_scale else None
+    args = (p["dout"], p["h"], scale, p["order"], p["offsets"], p["K"])
+    out = _nan((p["E"], p["D"], p["H"]), out_dtype)
+    res = wgrad.expert_wgrad_w2(*args, out_dtype, out=out, **cfg)
+    assert res is out
+    ref64 = wgrad.expert_wgrad_w2_reference(*args, torch.float64)
+    ref_bf16 = wgrad.expert_wgrad_w2_reference(*args, torch.bfloat16)
+    _assert_close("dW2", out, ref64, ref_bf16)
+
+
+def _check_w13(p, out_dtype, cfg):
+    args = (p["dg"], p["du"], p["x"], p["order"], p["offsets"], p["K"])
+    outs = (_nan((p["E"], p["H"], p["D"]), out_dtype), _nan((p["E"], p["H"], p["D"]), out_dtype))
+    dw1, dw3 = wgrad.expert_wgrad_w13(*args, out_dtype, out=outs, **cfg)
+    assert dw1 is outs[0] and dw3 is outs[1]
+    ref1_64, ref3_64 = wgrad.expert_wgrad_w13_reference(*args, torch.float64)
+    ref1_bf, ref3_bf = wgrad.expert_wgrad_w13_reference(*args, torch.bfloat16)
+    _assert_close("dW1", dw1, ref1_64, ref1_bf)
+    _assert_close("dW3", dw3, ref3_64, ref3_bf)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_wgrad_routing_cases(case, out_dtype):
+    p = _problem(case)
+    _check_w2(p, out_dtype, use_scale=True, cfg=SMALL)
+    _check_w13(p, out_dtype, cfg=SMALL)
+
+
+@pytest.mark.parametrize(
+    "case, config", [("empty", "persistent"), ("skewed", "persistent"), ("skewed", "split3"), ("empty", "split3"),
+                     ("random", "wide"), ("skewed", "scale_dout")]
+)  # fmt: skip
+def test_wgrad_config_variants(case, config):
+    p = _problem(case, seed=1)
+    _check_w2(p, torch.bfloat16, use_scale=True, cfg=CONFIGS[config])
+    _check_w13(p, torch.float32, cfg=CONFIGS[config])
+
+
+def test_wgrad_w2_without_scale_and_default_allocation():
+    p = _problem("random", seed=2)
+    args = (p["dout"], p["h"], None, p["order"], p["offsets"], p["K"])
+    out = wgrad.expert_wgrad_w2(*args, torch.float32, **SMALL)
+    assert out.shape == (p["E"], p["D"], p["H"]) and out.dtype == torch.float32
+    ref64 = wgrad.expert_wgrad_w2_reference(*args, torch.float64)
+    _assert_close("dW2", out, ref64, wgrad.expert_wgrad_w2_reference(*args, torch.bfloat16))
+
+
+def test_wgrad_rejects_bad_inputs():
+    p = _problem("random")
+    args = (p["order"], p["offsets"], p["K"], torch.bfloat16)
+    with pytest.raises(ValueError, match="contiguous"):
+        wgrad.expert_wgrad_w2(p["dout"].t().contiguous().t(), p["h"], None, *args)
+    with pytest.raises(ValueError, match="bfloat16"):
+        wgrad.expert_wgrad_w13(p["dg"].float(), p["du"], p["x"], *args)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        wgrad.expert_wgrad_w13(p["dg"][:, :24].contiguous(), p["du"][:, :24].contiguous(), p["x"], *args)
+    with pytest.raises(ValueError, match="out_dtype"):
+        wgrad.expert_wgrad_w2(p["dout"], p["h"], None, *args[:3], torch.float16)
+    with pytest.raises(TypeError, match="unknown wgrad config"):
+        wgrad.expert_wgrad_w2(p["dout"], p["h"], None, *args, blockm=16)
+
+
+
+# Runs in a fresh process: once triton is imported with TRITON_INTERPRET=1 its own library functions
+# (tl.cdiv, ...) are interpreted too, so a real compile cannot happen in this one.
+_SM90_COMPILE = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from titan_megamoe.kernels import wgrad
+
+def compile_sm90(kind):
+    cfg = wgrad.wgrad_config(kind, 2048, 768)
+    w2 = kind == "w2"
+    ptrs = dict(a_ptr="*bf16", a2_ptr="*bf16", b_ptr="*bf16", scale_ptr="*fp32", order_ptr="*i32",
+                offsets_ptr="*i32", expert_slot_ptr="*i32", c_ptr="*bf16", c2_ptr="*bf16")
+    ints = dict.fromkeys(["M", "N", "stride_a", "stride_b", "stride_cs", "stride_ce", "stride_cm", "num_tiles"], "i32")
+    constexprs = dict(
+        TOP_K=8, A_GATHER=w2, B_GATHER=not w2, HAS_SCALE=w2, SCALE_B=bool(cfg["scale_b"]), DUAL=not w2,
+        HEAVY_FIRST=bool(cfg["heavy_first"]), SPLIT_K=cfg["split_k"], EVEN_M=True, EVEN_N=True,
+        PERSISTENT=cfg["num_programs"] is not None, OUT_BF16=True, INTERP=False,
+        BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"])
+    signature = {**ptrs, **ints, **dict.fromkeys(constexprs, "constexpr")}
+    aligned = set(ptrs) | {"M", "N", "stride_a", "stride_b", "stride_ce", "stride_cm"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
+    src = ASTSource(wgrad._expert_wgrad_kernel, signature, constexprs, attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"]); f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    return dict(wgmma_ir="warp_group_dot" in k.asm["ttgir"], hgmma=sass.count("HGMMA"),
+                usage=re.sub(r"\s+", " ", usage[usage.find("REG:"):]).strip(), smem=k.metadata.shared)
+
+print(json.dumps({kind: compile_sm90(kind) for kind in ("w2", "w13")}))
+"""
+
+
+@pytest.fixture(scope="module")
+def sm90_compiles():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SM90_COMPILE], capture_output=True, text=True, env=env, cwd=root, timeout=300
+    )
+    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["w2", "w13"])
+def test_default_config_compiles_to_wgmma_on_sm90(sm90_compiles, kind):
+    """Compile the shipped default config for sm_90 on the CPU (no GPU needed; Triton bundles ptxas and
+    cuobjdump): the GEMM must lower to wgmma (HGMMA in the SASS) and nothing may spill to the stack."""
+    res = sm90_compiles[kind]
+    print(kind, res)
+    assert res["wgmma_ir"], "the GEMM did not lower to a warp-group (wgmma) dot"
+    assert res["hgmma"] > 0, "no HGMMA instruction in the SASS"
+    stack = re.search(r"STACK:(\d+)", res["usage"])
+    assert stack is not None and int(stack.group(1)) == 0, f"register spills: {res['usage']}"
