@@ -38,12 +38,13 @@ ROW_CANDIDATES = {
 ROW_CANDIDATES["dgrad_swiglu"] = [(M, 128, 64, 8, 3), (M, 128, 64, 8, 4), (M, 64, 64, 4, 4), (M, 64, 64, 8, 4),
                                   (M, 128, 32, 8, 4)]
 ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"]
-WGRAD_CANDIDATES = [
+WGRAD_CANDIDATES = [  # the gathered row index costs the pipeliner a stage: 5 stages give 3 data buffers
     dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
-    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4),
-    dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
-    dict(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=4),
-    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
+    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=5),
+    dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
+    dict(block_m=64, block_n=256, block_k=64, num_warps=8, num_stages=5),
+    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, num_programs=0),
 ]
 
 
@@ -59,9 +60,9 @@ def make_problem(D, H, E, K, T, seed=0):
     te, tr = tile_schedule(r.offsets_E1, T * K, M)
     g_, u, h = gemm1_swiglu(x, w1, w3, r.order_N, te, tr, r.offsets_E1, K)
     dout = torch.randn_like(x)
-    dg, du, _ = dgrad_swiglu(dout, w2, g_, u, h, scores.reshape(-1), r.order_N, te, tr, r.offsets_E1, K)
-    return dict(x=x, w1=w1, w2=w2, w3=w3, r=r, te=te, tr=tr, g=g_, u=u, h=h, dout=dout, dg=dg, du=du,
-                s=scores.reshape(-1), s_sorted=scores.reshape(-1)[r.order_N.long()], K=K)
+    dg, du, hs, _ = dgrad_swiglu(dout, w2, g_, u, h, scores.reshape(-1), r.order_N, te, tr, r.offsets_E1, K)
+    return dict(x=x, w1=w1, w2=w2, w3=w3, r=r, te=te, tr=tr, g=g_, u=u, h=h, dout=dout, dg=dg, du=du, hs=hs,
+                s=scores.reshape(-1), K=K)
 
 
 def row_call(kernel, p):
@@ -78,7 +79,7 @@ def row_call(kernel, p):
 def wgrad_call(kind, p, cfg):
     r, K = p["r"], p["K"]
     if kind == "w2":
-        return lambda: expert_wgrad_w2(p["dout"], p["h"], p["s_sorted"], r.order_N, r.offsets_E1, K, torch.bfloat16, **cfg)
+        return lambda: expert_wgrad_w2(p["dout"], p["hs"], None, r.order_N, r.offsets_E1, K, torch.bfloat16, **cfg)
     return lambda: expert_wgrad_w13(p["dg"], p["du"], p["x"], r.order_N, r.offsets_E1, K, torch.bfloat16, **cfg)
 
 

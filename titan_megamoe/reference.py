@@ -35,12 +35,13 @@ def moe_reference(
         return x_TD.new_zeros((0, D)) + 0 * (w1_EHD.sum() + w2_EDH.sum() + w3_EHD.sum() + topk_scores_TK.sum())
     routing = build_routing(topk_ids_TK, E)
     counts = (routing.offsets_E1[1:] - routing.offsets_E1[:-1]).tolist()
-    x_ND = x_TD[routing.order_N.long() // K].to(cd)  # expert-sorted routed rows
+    x_ND = x_TD[routing.order_N.long() // K]  # expert-sorted routed rows
     y_parts = []
     for e, x_nD in enumerate(torch.split(x_ND, counts)):
         if x_nD.shape[0] == 0:
             continue
-        h_nH = F.silu(x_nD @ w1_EHD[e].to(cd).T) * (x_nD @ w3_EHD[e].to(cd).T)
+        # one cast per GEMM, as stock does: the two input gradients then meet in x's dtype, not in bf16
+        h_nH = F.silu(x_nD.to(cd) @ w1_EHD[e].to(cd).T) * (x_nD.to(cd) @ w3_EHD[e].to(cd).T)
         y_parts.append(h_nH @ w2_EDH[e].to(cd).T)
     y_ND = torch.cat(y_parts).to(x_TD.dtype)[routing.inv_N.long()]  # back to routed-row order
     out_T1D = torch.bmm(topk_scores_TK.reshape(T, 1, K).float(), y_ND.reshape(T, K, D).float())

@@ -55,12 +55,19 @@ def _tuned_table() -> dict:
     return json.loads(TABLE_PATH.read_text())["configs"]
 
 
+def tuned_entry(kernel: str, dim: int, hidden: int):
+    """The shipped table's raw entry for a kernel at (D, H), or None (also under the interpreter)."""
+    if interpreting():
+        return None
+    return _tuned_table().get(f"{dim}x{hidden}", {}).get(kernel)
+
+
 def tile_config(kernel: str, dim: int, hidden: int) -> TileConfig:
     if interpreting():
         return _INTERPRETER
     if kernel in _overrides:
         return _overrides[kernel]
-    tuned = _tuned_table().get(f"{dim}x{hidden}", {}).get(kernel)
+    tuned = tuned_entry(kernel, dim, hidden)
     cfg = TileConfig(*tuned) if tuned else _GPU_DEFAULTS[kernel]
     # narrow problems (small D or H) must not ask for tiles wider than the matrix
     n_extent = hidden if kernel in ("gemm1_swiglu", "dgrad_swiglu") else dim

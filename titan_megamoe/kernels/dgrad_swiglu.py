@@ -20,13 +20,17 @@ from .configs import tile_config
 
 
 @triton.jit
-def _dswiglu_epilogue(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, h_ptr, s, dg_ptr, du_ptr, INTERPRET: tl.constexpr):
+def _dswiglu_epilogue(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, h_ptr, s, dg_ptr, du_ptr, hs_ptr,
+                      INTERPRET: tl.constexpr):
     """dSwiGLU for one [BLOCK_M, BLOCK_N] block of q; returns this block's share of ds."""
     n_ok = offs_n < H
     tile_off = rows.to(tl.int64)[:, None] * H + offs_n[None, :]
     tile_ok = row_ok[:, None] & n_ok[None, :]
     h = tl.load(h_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
     ds_part = tl.sum(q * h, axis=1)
+    # s*h is dW2's right operand (dW2_e = sum_p dout_t^T s_p h_p): written here, where h is already in
+    # registers, so the weight-gradient GEMM needs no per-row scaling in its main loop
+    tl.store(hs_ptr + tile_off, cast_rne(h * s[:, None], hs_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
     g = tl.load(g_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
     dh = q * s[:, None]
@@ -43,7 +47,7 @@ def _dgrad_swiglu_kernel(
     dout_ptr, w2_ptr,  # dout [T, D]; w2 [E, D, H]
     g_ptr, u_ptr, h_ptr, scores_ptr,  # g, u, h [N, H] sorted; scores [N] routed-row order (fp32)
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-    dg_ptr, du_ptr, ds_part_ptr,  # dg, du [N, H] sorted; ds_part [N, num_n] sorted, fp32
+    dg_ptr, du_ptr, hs_ptr, ds_part_ptr,  # dg, du, s*h [N, H] sorted; ds_part [N, num_n] sorted, fp32
     D, H, top_k,
     stride_dt, stride_we, stride_wd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
@@ -85,26 +89,27 @@ def _dgrad_swiglu_kernel(
         b_ptrs += BLOCK_K * stride_wd
 
     s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
-    ds_part = _dswiglu_epilogue(q0, rows, row_ok, offs_n0, H, g_ptr, u_ptr, h_ptr, s, dg_ptr, du_ptr, INTERPRET)
-    ds_part += _dswiglu_epilogue(q1, rows, row_ok, offs_n1, H, g_ptr, u_ptr, h_ptr, s, dg_ptr, du_ptr, INTERPRET)
+    ds_part = _dswiglu_epilogue(q0, rows, row_ok, offs_n0, H, g_ptr, u_ptr, h_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
+    ds_part += _dswiglu_epilogue(q1, rows, row_ok, offs_n1, H, g_ptr, u_ptr, h_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
     tl.store(ds_part_ptr + rows.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
 
 
 def dgrad_swiglu(dout_TD, w2_EDH, g_NH, u_NH, h_NH, scores_N, order_N, tile_expert, tile_row, offsets_E1, top_k):
-    """Returns (dg_NH, du_NH) bf16 sorted rows and ds_N fp32 in sorted order."""
+    """Returns (dg_NH, du_NH, hs_NH = s*h) bf16 sorted rows and ds_N fp32 in sorted order."""
     N, H = g_NH.shape
     E, D, _ = w2_EDH.shape
     cfg = tile_config("dgrad_swiglu", D, H)
     num_n = triton.cdiv(H, 2 * cfg.block_n)
     dg = new_output((N, H), torch.bfloat16, g_NH.device)
     du = new_output((N, H), torch.bfloat16, g_NH.device)
+    hs = new_output((N, H), torch.bfloat16, g_NH.device)
     ds_part = new_output((N, num_n), torch.float32, g_NH.device)
     grid = (tile_expert.numel() * num_n,)
     if grid[0] > 0:
         _dgrad_swiglu_kernel[grid](
             dout_TD, w2_EDH, g_NH, u_NH, h_NH, scores_N, order_N, tile_expert, tile_row, offsets_E1,
-            dg, du, ds_part, D, H, top_k, dout_TD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1),
+            dg, du, hs, ds_part, D, H, top_k, dout_TD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=interpret_flag(),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-    return dg, du, ds_part.sum(dim=1)
+    return dg, du, hs, ds_part.sum(dim=1)

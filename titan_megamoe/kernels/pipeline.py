@@ -2,7 +2,7 @@
 
 Forward:  routing -> GEMM1(gather x, gate+up, SwiGLU) -> GEMM2 (scatter to routed order) -> combine
 Backward: dgrad(gather dout, W2, dSwiGLU, ds) -> dx rows -> combine(s=1)
-          wgrad dW2 (dout^T s*h) and dW1/dW3 (dg^T x, du^T x) over each expert's rows
+          wgrad dW2 (dout^T s*h, s*h written by dgrad) and dW1/dW3 (dg^T x, du^T x) over each expert's rows
 Residuals saved for the backward: g, u, h [N, H] bf16 in sorted order, and the routing metadata.
 Nothing here synchronises with the host.
 """
@@ -69,14 +69,13 @@ def fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_ED
     x = _bf16(x_TD)
     w2 = _bf16(w2_EDH)
 
-    dg, du, ds_sorted = dgrad_swiglu(dout, w2, g, u, h, scores_N, routing.order_N, tile_expert, tile_row,
+    dg, du, hs, ds_sorted = dgrad_swiglu(dout, w2, g, u, h, scores_N, routing.order_N, tile_expert, tile_row,
                                      routing.offsets_E1, K)
     dx_rows = expert_input_grad(dg, du, _bf16(w1_EHD), _bf16(w3_EHD), routing.order_N, tile_expert, tile_row,
                                 routing.offsets_E1)
     dx = combine(dx_rows, None, K, x_TD.dtype)
 
-    scores_sorted = scores_N[routing.order_N.long()]
-    dw2 = expert_wgrad_w2(dout, h, scores_sorted, routing.order_N, routing.offsets_E1, K, w2_EDH.dtype)
+    dw2 = expert_wgrad_w2(dout, hs, None, routing.order_N, routing.offsets_E1, K, w2_EDH.dtype)
     dw1, dw3 = expert_wgrad_w13(dg, du, x, routing.order_N, routing.offsets_E1, K, w1_EHD.dtype)
     ds = ds_sorted[routing.inv_N.long()].reshape(T, K).to(topk_scores_TK.dtype)
     return dx, ds, dw1, dw2, dw3

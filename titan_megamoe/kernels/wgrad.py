@@ -42,6 +42,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from .configs import tuned_entry
+
 # ------------------------------------------------------------------------------------------------
 # Kernel
 # ------------------------------------------------------------------------------------------------
@@ -252,7 +254,7 @@ _INTERPRETED = isinstance(_expert_wgrad_kernel, InterpretedFunction)
 #     dout, the A operand, sends it through registers and every wgmma waits; scaling h keeps both
 #     operands in shared memory with back-to-back wgmmas. Rounding point: round(s*h) instead of
 #     round(s*dout), equally accurate (the tests check both).
-# Measured on the H200: nothing yet. The defaults are read off sm_90 compiles (wgmma, no spills).
+# Defaults read off sm_90 compiles (wgmma, no spills); measured winners live in tuned_configs.json.
 _DEFAULT = dict(
     block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5,
     num_programs=None, split_k=1, heavy_first=True, scale_b=True,
@@ -273,7 +275,8 @@ def wgrad_config(kind: str, D: int, H: int, **overrides) -> dict:
     unknown = set(overrides) - set(_CONFIG_KEYS)
     if unknown:
         raise TypeError(f"unknown wgrad config keys {sorted(unknown)}; valid keys: {list(_CONFIG_KEYS)}")
-    cfg = dict(WGRAD_CONFIGS.get((kind, (D, H)), WGRAD_CONFIGS[(kind, "default")]))  # (D, H) rows: tuned
+    cfg = dict(WGRAD_CONFIGS.get((kind, (D, H)), WGRAD_CONFIGS[(kind, "default")]))
+    cfg.update(tuned_entry(f"wgrad_{kind}", D, H) or {})  # the shipped table (scripts/tune_kernels.py)
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     return cfg
 
