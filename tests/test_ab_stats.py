@@ -59,7 +59,7 @@ def test_summary_falls_back_to_tps_without_timestamps():
 
 def test_ratio_edge_cases():
     assert ratio(2.0, 4.0) == 0.5
-    assert ratio(1.0, 0.0) is None  # CPU memory reads 0
+    assert ratio(1.0, 0.0) is None and ratio(0.0, 1.0) is None  # CPU memory reads 0; 0.00 printed MFU
     assert ratio(None, 1.0) is None and ratio(1.0, float("nan")) is None
 
 

@@ -139,8 +139,9 @@ def _warnings(record: dict, steps: int) -> list[str]:
                 )
         if a["ok"] and s["n_steps"] != steps:
             out.append(f"{arm}: {s['n_steps']} step lines parsed, {steps} requested")
+        # step 1's tps interval starts before "Training starts": compare only when step 1 is not timed
         wall, tps = s.get("step_time_s"), s.get("step_time_from_tps_s")
-        if wall and tps and wall > 0.05 and abs(wall - tps) > 0.1 * wall:
+        if record["warmup"] >= 1 and wall and tps and wall > 0.05 and abs(wall - tps) > 0.1 * wall:
             out.append(
                 f"{arm}: step time from timestamps ({wall:.4f} s) and from tokens/tps ({tps:.4f} s) differ by >10%"
             )

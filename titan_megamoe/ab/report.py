@@ -73,7 +73,9 @@ def _notes(record: dict) -> list[str]:
         ((record["arms"][a].get("summary") or {}).get("step_time_method") for a in ARMS if a in record["arms"]), None
     )
     if method:
-        notes.append(f"step time: {method}; the first {record['warmup']} step(s) left out of all timing medians")
+        w = record["warmup"]
+        dropped = f"steps 1-{w} (warm-up) left out" if w > 1 else "step 1 (warm-up) left out" if w else "no warm-up steps left out"
+        notes.append(f"step time: {method}; {dropped} of all timing medians")
     for w in record.get("warnings", []):
         notes.append(f"warning: {w}")
     return notes
@@ -151,7 +153,8 @@ def format_markdown(record: dict) -> str:
         f"- git: {git.get('commit', 'n/a')}{' (dirty)' if git.get('dirty') else ''}",
         "",
         "TFLOP/s and MFU are TorchTitan's: model FLOPs per token x tps, the same FLOP count in both arms, so their"
-        " ratio equals the tps ratio.",
+        " ratio equals the tps ratio. TorchTitan 0.2.2 takes the A100 peak (3.12e14) for devices it does not know"
+        " (CPU included), so MFU there is not a utilisation.",
         "",
     ]
     return "\n".join(md)

@@ -82,7 +82,8 @@ def summarize_arm(
 
 
 def ratio(mega: float | None, stock: float | None) -> float | None:
-    if mega is None or stock is None or stock == 0 or not (math.isfinite(mega) and math.isfinite(stock)):
+    """mega/stock; None when either is missing, non-finite or 0 (CPU memory, MFU printed as 0.00)."""
+    if mega is None or stock is None or 0 in (mega, stock) or not (math.isfinite(mega) and math.isfinite(stock)):
         return None
     return mega / stock
 
