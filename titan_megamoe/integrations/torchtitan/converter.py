@@ -1,0 +1,111 @@
+"""The `mega_moe` model converter: validates the job and swaps every stock MoE layer for `MegaMoE`.
+
+TorchTitan builds converters right after the meta model and applies them before `parallelize_fn`,
+so every check here fails the job before any weight is allocated or any collective runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn as nn
+from torchtitan.models.moe.moe import GroupedExperts, MoE
+from torchtitan.tools.logging import logger
+
+from ...ops import resolve_backend
+from ...precision import check_precision_supported
+from .modules import MegaGroupedExperts, MegaMoE
+
+CONVERTER_NAME = "mega_moe"
+FUSED_OP = "titan_megamoe::moe_forward"
+
+
+def _fail(msg: str):
+    raise ValueError(f"[mega_moe] {msg}")
+
+
+def _device_for_checks() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def check_job(job_config, parallel_dims) -> tuple[str, str]:
+    """Validate the `[mega_moe]` section against the job; return (precision, resolved backend)."""
+    cfg = job_config.mega_moe
+    device = _device_for_checks()
+    try:
+        check_precision_supported(cfg.precision, device)
+    except (ValueError, NotImplementedError) as e:
+        _fail(f"{e} (set --mega_moe.precision bf16)")
+    try:
+        backend = resolve_backend(cfg.backend, device)
+    except ValueError as e:
+        _fail(f"{e} (set --mega_moe.backend auto)")
+
+    if parallel_dims is not None:
+        if parallel_dims.ep > 1:
+            _fail(f"expert parallelism (parallelism.expert_parallel_degree={parallel_dims.ep}) is not implemented "
+                  f"for the fused MoE yet; run mega_moe with expert_parallel_degree=1 (FSDP shards the experts), "
+                  f"or keep EP and turn the swap off (mega_moe.enable=false, the stock backend)")
+        if parallel_dims.tp > 1:
+            _fail(f"tensor parallelism (parallelism.tensor_parallel_degree={parallel_dims.tp}) is not supported by "
+                  f"mega_moe yet (TorchTitan's expert TP style expects stock GroupedExperts' inputs); use "
+                  f"tensor_parallel_degree=1 or mega_moe.enable=false")
+    quantized_experts = [c for c in job_config.model.converters if c.startswith("quantize.grouped_mm")]
+    if quantized_experts:
+        _fail(f"model.converters {quantized_experts} quantize the same expert GEMMs that mega_moe replaces; "
+              f"drop them and pick the expert precision with --mega_moe.precision instead")
+    return cfg.precision, backend
+
+
+def set_sac_policy(save: bool) -> None:
+    """Add (save=True) or remove titan_megamoe::moe_forward in qwen3's op-level SAC save list."""
+    from torchtitan.models.qwen3.infra import parallelize as qwen3_parallelize
+
+    op = torch.ops.titan_megamoe.moe_forward.default
+    if save:
+        qwen3_parallelize._op_sac_save_list.add(op)
+    else:
+        qwen3_parallelize._op_sac_save_list.discard(op)
+
+
+def swap_moe_layers(model: nn.Module, precision: str, backend: str) -> int:
+    """Swap every stock MoE (and its GroupedExperts) in place; return how many were swapped."""
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoE)]
+    if not layers:
+        _fail(f"mega_moe.enable is set but {type(model).__name__} has no MoE layers (a dense flavor?); "
+              f"pick an MoE flavor (e.g. qwen3 debugmodel_moe, 30B-A3B) or set mega_moe.enable=false")
+    for name, m in layers:
+        if type(m) not in (MoE, MegaMoE) or type(m.experts) not in (GroupedExperts, MegaGroupedExperts):
+            _fail(f"{name} is a {type(m).__name__} with {type(m.experts).__name__} experts; mega_moe only "
+                  f"replaces TorchTitan's stock MoE/GroupedExperts (was another converter applied first?)")
+        if m.score_before_experts:
+            _fail(f"{name} has score_before_experts=True (scores applied to the expert inputs), which the fused "
+                  f"op does not support: it applies the scores after the experts (Qwen3's "
+                  f"score_before_experts=False); use such a flavor or mega_moe.enable=false")
+    for _, m in layers:
+        m.__class__ = MegaMoE
+        m.experts.__class__ = MegaGroupedExperts
+        m.experts.precision = precision
+        m.experts.backend = backend
+    return len(layers)
+
+
+class MegaMoEConverter:
+    """TorchTitan ModelConverter (protocols/model_converter.py) for `[mega_moe]`."""
+
+    def __init__(self, job_config, parallel_dims):
+        self.precision, self.backend = check_job(job_config, parallel_dims)
+        self.save_under_sac = bool(job_config.mega_moe.save_under_sac)
+
+    def convert(self, model: nn.Module) -> None:
+        n = swap_moe_layers(model, self.precision, self.backend)
+        set_sac_policy(self.save_under_sac)
+        sac = "saved" if self.save_under_sac else "recomputed"
+        logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
+                    f"backend={self.backend} (under op-level SAC the op is {sac})")
+
+    def post_optimizer_hook(self, model) -> None:
+        pass

@@ -1,0 +1,67 @@
+"""Drop-in subclasses of TorchTitan 0.2.2's MoE modules that route the experts through `titan_megamoe.moe`.
+
+The converter swaps `__class__` on the existing (meta) modules instead of building new ones, so every
+parameter, buffer, FQN (`moe.experts.w1/w2/w3`, `moe.router.gate.weight`, `moe.expert_bias`,
+`moe.tokens_per_expert`), the load-balancing optimizer hook, FSDP/AC/compile wrapping (which test
+`isinstance(..., MoE)` and skip `experts` by name) and the FLOP count stay exactly as stock.
+
+Stock MoE.forward: router -> histc/argsort reorder -> gather -> 3 grouped GEMMs -> scatter -> fp32 bmm
+with the scores. MegaMoE.forward keeps the router, the `tokens_per_expert` accounting and the shared
+experts, and hands (x, top-k ids, top-k scores) to the experts module, which does routing, GEMMs and
+the weighted combine in one op. Calling through `self.experts` keeps FSDP's hooks on that module.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+from torchtitan.models.moe.moe import GroupedExperts, MoE
+
+from ...ops import moe as fused_moe
+
+
+class MegaGroupedExperts(GroupedExperts):
+    """GroupedExperts whose forward takes unsorted routed tokens and returns the combined output."""
+
+    precision: str = "bf16"
+    backend: str = "auto"
+
+    def forward(  # type: ignore[override]
+        self,
+        x_TD: torch.Tensor,
+        topk_ids_TK: torch.Tensor,
+        topk_scores_TK: torch.Tensor,
+    ) -> torch.Tensor:
+        w1, w2, w3 = self.w1, self.w2, self.w3
+        if isinstance(w1, DTensor):
+            # as stock: plain local tensors for the dynamic-shape expert computation
+            w1, w2, w3 = w1.to_local(), w2.to_local(), w3.to_local()  # type: ignore[union-attr]
+        return fused_moe(
+            x_TD, topk_ids_TK, topk_scores_TK, w1, w2, w3, precision=self.precision, backend=self.backend
+        )
+
+    def extra_repr(self) -> str:
+        E, H, D = self.w1.shape
+        return f"experts={E}, dim={D}, hidden={H}, precision={self.precision}, backend={self.backend}"
+
+
+class MegaMoE(MoE):
+    """MoE with the routed experts fused: no reorder, gather, scatter or separate combine."""
+
+    experts: MegaGroupedExperts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bs, slen, dim = x.shape
+        x_TD = x.view(-1, dim)
+
+        top_scores_TK, topk_ids_TK, num_tokens_per_expert = self.router(x_TD, self.expert_bias)
+
+        # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them)
+        with torch.no_grad():
+            self.tokens_per_expert.add_(num_tokens_per_expert)
+
+        out_TD = self.experts(x_TD, topk_ids_TK, top_scores_TK)
+
+        if self.shared_experts is not None:
+            out_TD = self.shared_experts(x_TD) + out_TD
+        return out_TD.reshape(bs, slen, dim)
