@@ -34,9 +34,8 @@ ROW_CANDIDATES = {
     "gemm2": [(M, 128, 64, 8, 3), (M, 128, 64, 8, 4), (M, 256, 64, 8, 3), (M, 128, 64, 4, 4),
               (M, 64, 64, 4, 4), (M, 256, 32, 8, 4)],
 }
-# dgrad's BLOCK_N is per accumulator (two accumulators: a program covers 2*BLOCK_N columns)
 ROW_CANDIDATES["dgrad_swiglu"] = [(M, 128, 64, 8, 3), (M, 128, 64, 8, 4), (M, 64, 64, 4, 4), (M, 64, 64, 8, 4),
-                                  (M, 128, 32, 8, 4)]
+                                  (M, 128, 32, 8, 5), (M, 64, 64, 4, 3)]
 ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"]
 WGRAD_CANDIDATES = [  # the gathered row index costs the pipeliner a stage: 5 stages give 3 data buffers
     dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
@@ -60,7 +59,7 @@ def make_problem(D, H, E, K, T, seed=0):
     te, tr = tile_schedule(r.offsets_E1, T * K, M)
     g_, u, h = gemm1_swiglu(x, w1, w3, r.order_N, te, tr, r.offsets_E1, K)
     dout = torch.randn_like(x)
-    dg, du, hs, _ = dgrad_swiglu(dout, w2, g_, u, h, scores.reshape(-1), r.order_N, te, tr, r.offsets_E1, K)
+    dg, du, hs, _ = dgrad_swiglu(dout, w2, g_, u, scores.reshape(-1), r.order_N, te, tr, r.offsets_E1, K)
     return dict(x=x, w1=w1, w2=w2, w3=w3, r=r, te=te, tr=tr, g=g_, u=u, h=h, dout=dout, dg=dg, du=du, hs=hs,
                 s=scores.reshape(-1), K=K)
 
@@ -70,7 +69,7 @@ def row_call(kernel, p):
     return {
         "gemm1_swiglu": lambda: gemm1_swiglu(p["x"], p["w1"], p["w3"], r.order_N, te, tr, r.offsets_E1, K),
         "gemm2": lambda: expert_down_proj(p["h"], p["w2"], r.order_N, te, tr, r.offsets_E1),
-        "dgrad_swiglu": lambda: dgrad_swiglu(p["dout"], p["w2"], p["g"], p["u"], p["h"], p["s"], r.order_N, te, tr,
+        "dgrad_swiglu": lambda: dgrad_swiglu(p["dout"], p["w2"], p["g"], p["u"], p["s"], r.order_N, te, tr,
                                              r.offsets_E1, K),
         "dx": lambda: expert_input_grad(p["dg"], p["du"], p["w1"], p["w3"], r.order_N, te, tr, r.offsets_E1),
     }[kernel]

@@ -1,7 +1,7 @@
 """The fused MoE as a torch.library custom op with registered autograd, and the public `moe` function.
 
 `titan_megamoe::moe_forward` runs the Triton pipeline and returns the output plus the residuals the
-backward needs (gate, up and h in expert-sorted order, and the routing metadata). Because the
+backward needs (gate and up in expert-sorted order, and the routing metadata). Because the
 residuals are op outputs, op-level selective activation checkpointing can save the whole op (see
 `integrations.torchtitan`) or recompute it like stock's grouped GEMMs. The fake implementations make
 the op traceable by torch.compile.
@@ -47,7 +47,7 @@ def _residual_shapes(x, ids, w1):
     T, _ = x.shape
     N = T * ids.shape[1]
     E, H, _ = w1.shape
-    return (N, H), (N, H), (N, H), (2 * N + E + 1,)
+    return (N, H), (N, H), (2 * N + E + 1,)
 
 
 @torch.library.custom_op(f"{_LIB}::moe_forward", mutates_args=())
@@ -60,7 +60,7 @@ def moe_forward(
     w3_EHD: torch.Tensor,
     precision: str,
     backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     check_expert_ids(topk_ids_TK, w1_EHD.shape[0])
     from .kernels.pipeline import fused_moe_forward
 
@@ -70,10 +70,9 @@ def moe_forward(
 @moe_forward.register_fake
 def _(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, precision, backend):
     out = x_TD.new_empty(x_TD.shape)
-    g, u, h, meta = _residual_shapes(x_TD, topk_ids_TK, w1_EHD)
+    g, u, meta = _residual_shapes(x_TD, topk_ids_TK, w1_EHD)
     bf = torch.bfloat16
-    return (out, x_TD.new_empty(g, dtype=bf), x_TD.new_empty(u, dtype=bf), x_TD.new_empty(h, dtype=bf),
-            x_TD.new_empty(meta, dtype=torch.int32))
+    return out, x_TD.new_empty(g, dtype=bf), x_TD.new_empty(u, dtype=bf), x_TD.new_empty(meta, dtype=torch.int32)
 
 
 @torch.library.custom_op(f"{_LIB}::moe_backward", mutates_args=())
@@ -87,7 +86,6 @@ def moe_backward(
     w3_EHD: torch.Tensor,
     saved_gate: torch.Tensor,
     saved_up: torch.Tensor,
-    saved_h: torch.Tensor,
     saved_routing: torch.Tensor,
     precision: str,
     backend: str,
@@ -96,11 +94,11 @@ def moe_backward(
     from .kernels.pipeline import fused_moe_backward
 
     return fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
-                              saved_gate, saved_up, saved_h, saved_routing)
+                              saved_gate, saved_up, saved_routing)
 
 
 @moe_backward.register_fake
-def _(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, g, u, h, meta, precision, backend):
+def _(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, g, u, meta, precision, backend):
     return tuple(t.new_empty(t.shape) for t in (x_TD, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD))
 
 
@@ -111,8 +109,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, *_residual_grads):
-    x, ids, scores, w1, w2, w3, g, u, h, meta = ctx.saved_tensors
-    dx, ds, dw1, dw2, dw3 = moe_backward(dout, x, ids, scores, w1, w2, w3, g, u, h, meta, ctx.precision, ctx.backend)
+    x, ids, scores, w1, w2, w3, g, u, meta = ctx.saved_tensors
+    dx, ds, dw1, dw2, dw3 = moe_backward(dout, x, ids, scores, w1, w2, w3, g, u, meta, ctx.precision, ctx.backend)
     return dx, None, ds, dw1, dw2, dw3, None, None
 
 
