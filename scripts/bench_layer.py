@@ -47,6 +47,7 @@ def build_layers(T, D, H, E, K, routing, seed=0):
     torch.manual_seed(seed)
     with torch.device("cuda"):
         stock = MoE(args, dim=D, hidden_dim=H)
+    with torch.no_grad():
         stock.init_weights(init_std=0.02, buffer_device=torch.device("cuda"))
     if routing == "skewed":
         # expert_bias only changes which experts are chosen: a Zipf-like preference for low ids

@@ -6,8 +6,8 @@ For the expert-sorted rows p of one tile (expert e, routed row n = order(p), tok
     dh_p = s_p q_p
     dg_p = dh_p * u_p * silu'(g_p),   du_p = dh_p * silu(g_p)
 dout rows are gathered by token in the prologue; h = silu(g) * u is recomputed from the saved g, u.
-ds is summed over H per N-tile into a [N, num_n_tiles] fp32 buffer and reduced afterwards in a fixed
-order: deterministic, no atomics. The epilogue also writes s*h, the right operand of dW2.
+ds is summed over H per program into a [N, num_programs_along_H] fp32 buffer and reduced afterwards in a
+fixed order: deterministic, no atomics. The epilogue also writes s*h, the right operand of dW2.
 """
 
 from __future__ import annotations
@@ -21,6 +21,29 @@ from .configs import tile_config
 
 
 @triton.jit
+def _dswiglu_epilogue(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET: tl.constexpr):
+    """dSwiGLU for one [BLOCK_M, BLOCK_N] block of q; returns this block's share of ds."""
+    n_ok = offs_n < H
+    tile_off = rows.to(tl.int64)[:, None] * H + offs_n[None, :]
+    tile_ok = row_ok[:, None] & n_ok[None, :]
+    g = tl.load(g_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(g)
+    silu = g * sig
+    # h is recomputed from the saved g and u (cheaper than saving and re-reading it)
+    h = silu * u
+    ds_part = tl.sum(q * h, axis=1)
+    # s*h is dW2's right operand (dW2_e = sum_p dout_t^T s_p h_p): written here, where h is already in
+    # registers, so the weight-gradient GEMM needs no per-row scaling in its main loop
+    tl.store(hs_ptr + tile_off, cast_rne(h * s[:, None], hs_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
+    dh = q * s[:, None]
+    tl.store(du_ptr + tile_off, cast_rne(dh * silu, du_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
+    dg = dh * u * (sig + silu * (1.0 - sig))
+    tl.store(dg_ptr + tile_off, cast_rne(dg, dg_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
+    return ds_part
+
+
+@triton.jit
 def _dgrad_swiglu_kernel(
     dout_ptr, w2_ptr,  # dout [T, D]; w2 [E, D, H]
     g_ptr, u_ptr, scores_ptr,  # g, u [N, H] sorted; scores [N] routed-row order (fp32)
@@ -30,8 +53,10 @@ def _dgrad_swiglu_kernel(
     stride_dt, stride_we, stride_wd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
 ):
+    # each program covers 2*BLOCK_N columns of H with two accumulators sharing every gathered dout tile
+    # (like GEMM1's gate/up pair): half the A-operand traffic per MMA of a single-accumulator tile
     pid = tl.program_id(0)
-    num_n = tl.cdiv(H, BLOCK_N)
+    num_n = tl.cdiv(H, 2 * BLOCK_N)
     pid_m = pid // num_n
     pid_n = pid % num_n
     expert = tl.load(tile_expert_ptr + pid_m)
@@ -44,38 +69,30 @@ def _dgrad_swiglu_kernel(
     row_ok = rows < row_end
     routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
     tok = routed // top_k
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < H
+    offs_n0 = pid_n * 2 * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n1 = offs_n0 + BLOCK_N
+    n0_ok = offs_n0 < H
+    n1_ok = offs_n1 < H
     offs_k = tl.arange(0, BLOCK_K)
 
     a_ptrs = dout_ptr + tok.to(tl.int64)[:, None] * stride_dt + offs_k[None, :]
-    b_ptrs = w2_ptr + expert.to(tl.int64) * stride_we + offs_k[:, None] * stride_wd + offs_n[None, :]
-    q = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    b_ptrs = w2_ptr + expert.to(tl.int64) * stride_we + offs_k[:, None] * stride_wd + offs_n0[None, :]
+    q0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    q1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(D, BLOCK_K)):
         k_ok = offs_k < D - k * BLOCK_K
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        q = mma(a, b, q, INTERPRET)
+        b0 = tl.load(b_ptrs, mask=k_ok[:, None] & n0_ok[None, :], other=0.0)
+        b1 = tl.load(b_ptrs + BLOCK_N, mask=k_ok[:, None] & n1_ok[None, :], other=0.0)
+        q0 = mma(a, b0, q0, INTERPRET)
+        q1 = mma(a, b1, q1, INTERPRET)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * stride_wd
 
-    tile_off = rows.to(tl.int64)[:, None] * H + offs_n[None, :]
-    tile_ok = row_ok[:, None] & n_ok[None, :]
     s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
-    g = tl.load(g_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
-    sig = tl.sigmoid(g)
-    silu = g * sig
-    # h is recomputed from the saved g and u (cheaper than saving and re-reading it)
-    h = silu * u
-    tl.store(ds_part_ptr + rows.to(tl.int64) * num_n + pid_n, tl.sum(q * h, axis=1), mask=row_ok)
-    # s*h is dW2's right operand (dW2_e = sum_p dout_t^T s_p h_p): written here, where h is already in
-    # registers, so the weight-gradient GEMM needs no per-row scaling in its main loop
-    tl.store(hs_ptr + tile_off, cast_rne(h * s[:, None], hs_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
-    dh = q * s[:, None]
-    tl.store(du_ptr + tile_off, cast_rne(dh * silu, du_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
-    dg = dh * u * (sig + silu * (1.0 - sig))
-    tl.store(dg_ptr + tile_off, cast_rne(dg, dg_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
+    ds_part = _dswiglu_epilogue(q0, rows, row_ok, offs_n0, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
+    ds_part += _dswiglu_epilogue(q1, rows, row_ok, offs_n1, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
+    tl.store(ds_part_ptr + rows.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
 
 
 def dgrad_swiglu(dout_TD, w2_EDH, g_NH, u_NH, scores_N, order_N, tile_expert, tile_row, offsets_E1, top_k):
@@ -83,7 +100,7 @@ def dgrad_swiglu(dout_TD, w2_EDH, g_NH, u_NH, scores_N, order_N, tile_expert, ti
     N, H = g_NH.shape
     E, D, _ = w2_EDH.shape
     cfg = tile_config("dgrad_swiglu", D, H)
-    num_n = triton.cdiv(H, cfg.block_n)
+    num_n = triton.cdiv(H, 2 * cfg.block_n)
     dg = new_output((N, H), torch.bfloat16, g_NH.device)
     du = new_output((N, H), torch.bfloat16, g_NH.device)
     hs = new_output((N, H), torch.bfloat16, g_NH.device)
