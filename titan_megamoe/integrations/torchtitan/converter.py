@@ -22,7 +22,7 @@ FUSED_OP = "titan_megamoe::moe_forward"
 
 
 def _fail(msg: str):
-    raise ValueError(f"[mega_moe] {msg}")
+    raise ValueError(f"[mega_moe] {msg}") from None  # the message is complete: no chained traceback
 
 
 def _device_for_checks() -> torch.device:
@@ -60,15 +60,24 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
     return cfg.precision, backend
 
 
-def set_sac_policy(save: bool) -> None:
-    """Add (save=True) or remove titan_megamoe::moe_forward in qwen3's op-level SAC save list."""
-    from torchtitan.models.qwen3.infra import parallelize as qwen3_parallelize
+def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
+    """Add (save=True) or remove titan_megamoe::moe_forward in the model's op-level SAC save list
+    (`torchtitan.models.<name>.infra.parallelize._op_sac_save_list`, which parallelize passes to apply_ac)."""
+    import importlib
 
+    try:
+        save_list = importlib.import_module(f"torchtitan.models.{model_name}.infra.parallelize")._op_sac_save_list
+    except (ImportError, AttributeError):
+        if save:
+            _fail(f"mega_moe.save_under_sac needs the op-level SAC save list of model {model_name!r} "
+                  f"(torchtitan.models.{model_name}.infra.parallelize._op_sac_save_list), which does not exist; "
+                  f"set mega_moe.save_under_sac=false")
+        return
     op = torch.ops.titan_megamoe.moe_forward.default
     if save:
-        qwen3_parallelize._op_sac_save_list.add(op)
+        save_list.add(op)
     else:
-        qwen3_parallelize._op_sac_save_list.discard(op)
+        save_list.discard(op)
 
 
 def swap_moe_layers(model: nn.Module, precision: str, backend: str) -> int:
@@ -93,19 +102,31 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str) -> int:
     return len(layers)
 
 
+def _ac_note(ac, backend: str, save: bool) -> str:
+    """What activation checkpointing does with the experts, for the log line."""
+    if ac.mode == "selective" and ac.selective_ac_option == "op":
+        if backend == "reference":  # plain aten ops, not the custom op: qwen3's save list decides as for stock
+            return "AC selective op (reference ops follow qwen3's save list)"
+        return f"AC selective op ({FUSED_OP} {'saved' if save else 'recomputed'})"
+    if ac.mode == "selective":
+        return f"AC selective every {ac.selective_ac_option} layers"
+    return f"AC {ac.mode}"
+
+
 class MegaMoEConverter:
     """TorchTitan ModelConverter (protocols/model_converter.py) for `[mega_moe]`."""
 
     def __init__(self, job_config, parallel_dims):
         self.precision, self.backend = check_job(job_config, parallel_dims)
         self.save_under_sac = bool(job_config.mega_moe.save_under_sac)
+        self.model_name = job_config.model.name
+        self.ac_note = _ac_note(job_config.activation_checkpoint, self.backend, self.save_under_sac)
 
     def convert(self, model: nn.Module) -> None:
         n = swap_moe_layers(model, self.precision, self.backend)
-        set_sac_policy(self.save_under_sac)
-        sac = "saved" if self.save_under_sac else "recomputed"
+        set_sac_policy(self.save_under_sac, self.model_name)
         logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
-                    f"backend={self.backend} (under op-level SAC the op is {sac})")
+                    f"backend={self.backend}, {self.ac_note}")
 
     def post_optimizer_hook(self, model) -> None:
         pass

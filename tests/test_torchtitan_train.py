@@ -1,0 +1,174 @@
+"""End to end: `titan-megamoe train` on the bundled tiny config, CPU, real TorchTitan 0.2.2 trainer runs.
+
+Every run is deterministic (--debug.seed 42 --debug.deterministic) and parsed from its metric lines,
+so a run that silently trained nothing (or fewer steps) fails. On CPU the mega_moe arm runs the
+reference backend, which is bitwise equal to stock's expert path (same bf16 GEMMs, same casts, fp32
+combine; see test_torchtitan_integration.py), so the two arms' losses must agree exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+STEP_RE = re.compile(r"step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>[-+\d.naif]+)\s+grad_norm:\s*(?P<gnorm>[-+\d.naif]+)")
+SEED = ("--debug.seed", "42", "--debug.deterministic")
+
+
+@dataclass
+class Run:
+    returncode: int
+    log: str
+    steps: dict[int, tuple[float, float]]  # step -> (loss, grad_norm), as printed by rank 0
+    dump: Path
+
+    def losses(self) -> list[float]:
+        return [self.steps[s][0] for s in sorted(self.steps)]
+
+
+def train(dump: Path, *overrides: str, nproc: int = 1, config: str = "tiny_cpu", check: bool = True) -> Run:
+    cmd = [sys.executable, "-m", "titan_megamoe.cli", "train", "--config", config, "--nproc", str(nproc),
+           "--job.dump_folder", str(dump), *SEED, *overrides]
+    # run from an unrelated directory: the bundled config, tokenizer and data must not depend on the cwd
+    p = subprocess.run(cmd, cwd=dump.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=600)
+    steps: dict[int, tuple[float, float]] = {}
+    for m in STEP_RE.finditer(p.stdout):
+        step = int(m["step"])
+        assert step not in steps, f"step {step} logged twice:\n{p.stdout[-3000:]}"
+        steps[step] = (float(m["loss"]), float(m["gnorm"]))
+    run = Run(p.returncode, p.stdout, steps, dump)
+    if check:
+        assert p.returncode == 0, f"exit {p.returncode}:\n{p.stdout[-6000:]}"
+        assert all(math.isfinite(v) for s in steps.values() for v in s)
+    return run
+
+
+def swap_line(log: str) -> str | None:
+    m = re.search(r"\[mega_moe\] swapped .*", log)
+    return m.group(0) if m else None
+
+
+def flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def ckpt_tensors(step_dir: Path, tmp: Path) -> dict:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp / f"{step_dir.parent.parent.name}-{step_dir.name}.pt"
+    dcp_to_torch_save(str(step_dir), str(out))
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def stock4(tmp_path_factory) -> Run:
+    """Stock arm, 4 steps, a full checkpoint (model, optimizer, lr, data, step) after every step."""
+    dump = tmp_path_factory.mktemp("stock") / "run"
+    run = train(dump, "--training.steps", "4", "--checkpoint.enable", "--checkpoint.interval", "1")
+    assert sorted(run.steps) == [1, 2, 3, 4], run.log[-3000:]
+    assert swap_line(run.log) is None
+    assert run.steps[4][0] < run.steps[1][0], "the loss should fall over 4 steps"
+    return run
+
+
+def test_mega_moe_trains_with_stock_losses(stock4, tmp_path):
+    mega = train(tmp_path / "mega", "--training.steps", "4", "--mega_moe.enable")
+    assert sorted(mega.steps) == [1, 2, 3, 4], mega.log[-3000:]
+    assert swap_line(mega.log) == ("[mega_moe] swapped 2 MoE layers to the fused op: precision=bf16, "
+                                   "backend=reference, AC none")
+    # bitwise-equal arithmetic: printed loss (5 decimals) and grad norm (4 decimals) agree exactly
+    assert mega.steps == stock4.steps, (mega.steps, stock4.steps)
+
+
+def test_checkpoint_round_trip_stock_mega_stock(stock4, tmp_path):
+    stock_ckpt = stock4.dump / "checkpoint"
+    # stock step-2 checkpoint -> mega_moe resumes and trains steps 3, 4 (same 4-step lr schedule as stock4)
+    mega = train(tmp_path / "mega", "--mega_moe.enable", "--training.steps", "4", "--checkpoint.enable",
+                 "--checkpoint.interval", "1", "--checkpoint.initial_load_path", str(stock_ckpt / "step-2"),
+                 "--checkpoint.no-initial-load-model-only")
+    assert f"Loading the checkpoint from {stock_ckpt / 'step-2'}" in mega.log
+    assert "Training starts at step 3" in mega.log and sorted(mega.steps) == [3, 4], mega.log[-3000:]
+    assert mega.steps[3] == stock4.steps[3] and mega.steps[4] == stock4.steps[4]
+    # mega_moe step-3 checkpoint -> stock resumes and trains step 4
+    mega_ckpt = mega.dump / "checkpoint" / "step-3"
+    stock = train(tmp_path / "stock", "--training.steps", "4", "--checkpoint.enable",
+                  "--checkpoint.initial_load_path", str(mega_ckpt), "--checkpoint.no-initial-load-model-only")
+    assert f"Loading the checkpoint from {mega_ckpt}" in stock.log
+    assert "Training starts at step 4" in stock.log and sorted(stock.steps) == [4], stock.log[-3000:]
+    assert stock.steps[4] == stock4.steps[4]
+    # the mega_moe-written step-3 checkpoint equals stock's step-3 one, entry by entry: model weights and
+    # buffers, AdamW state, lr scheduler, data loader position, train state
+    a = flatten(ckpt_tensors(stock_ckpt / "step-3", tmp_path))
+    b = flatten(ckpt_tensors(mega_ckpt, tmp_path))
+    assert a.keys() == b.keys()
+    for must in ("layers.0.moe.experts.w1", "layers.0.moe.router.gate.weight", "layers.0.moe.expert_bias"):
+        assert must in a, sorted(a)[:40]
+    assert sum(k.startswith("optimizer.") and "experts.w2" in k for k in a) >= 2  # exp_avg, exp_avg_sq
+    for k, v in a.items():
+        assert torch.equal(v, b[k]) if isinstance(v, torch.Tensor) else v == b[k], k
+
+
+def test_fsdp_two_gloo_ranks_with_flag(tmp_path):
+    run = train(tmp_path / "fsdp", "--mega_moe.enable", "--training.steps", "3", nproc=2)
+    assert sorted(run.steps) == [1, 2, 3], run.log[-3000:]
+    assert "Applied FSDP to the model" in run.log
+    assert "dp_shard=2" in run.log
+    assert swap_line(run.log) is not None
+    assert run.steps[3][0] < run.steps[1][0]
+
+
+PLAIN_TORCHTITAN = """
+import importlib.util, runpy, sys
+# CPU patches only (loaded by path, so titan_megamoe's TorchTitan package is not imported here); on a
+# GPU host this script is just `torchrun -m torchtitan.train`
+spec = importlib.util.spec_from_file_location("cpu_patches", {cpu!r})
+cpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cpu)
+cpu.apply()
+assert "titan_megamoe.integrations.torchtitan" not in sys.modules
+runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_plain_torchrun_torchtitan_train_with_config_lines(tmp_path):
+    """`torchrun -m torchtitan.train --job.config_file X.toml`: the TOML's [job]/[experimental] lines suffice."""
+    from titan_megamoe.integrations.torchtitan import assets, cpu
+
+    script = tmp_path / "plain_torchtitan_train.py"
+    script.write_text(PLAIN_TORCHTITAN.format(cpu=cpu.__file__))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(script),
+           "--job.config_file", str(assets.CONFIGS_DIR / "tiny_cpu.toml"), "--job.dump_folder",
+           str(tmp_path / "out"), "--training.steps", "2", "--mega_moe.enable", *SEED]
+    p = subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-6000:]
+    assert swap_line(p.stdout) is not None
+    assert [int(m["step"]) for m in STEP_RE.finditer(p.stdout)] == [1, 2]
+
+
+def test_config_error_fails_the_job_before_training(tmp_path):
+    run = train(tmp_path / "mxfp8", "--mega_moe.enable", "--mega_moe.precision", "mxfp8", check=False)
+    assert run.returncode != 0
+    assert "precision='mxfp8' needs a Blackwell GPU" in run.log and "--mega_moe.precision bf16" in run.log
+    assert not run.steps and "Training starts" not in run.log
+
+
+def test_missing_config_file(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "titan_megamoe.cli", "train", "--config", str(tmp_path / "no.toml")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 2
+    assert "no.toml" in p.stderr and "not found" in p.stderr and "tiny_cpu" in p.stderr
