@@ -22,29 +22,22 @@ from .assets import TOKENIZER_DIR
 @dataclass
 class MegaMoE:
     enable: bool = False
-    """Replace the routed-expert path of every MoE layer with titan-megamoe's fused op (same
-    parameters, FQNs and checkpoints as stock; the swap runs on the meta model before parallelize)."""
+    """Run every MoE layer's routed experts through titan-megamoe's fused op (same parameters, FQNs and checkpoints as stock)."""
 
     precision: str = "bf16"
-    """Expert GEMM precision: bf16 | fp8 | fp8_bwd | mxfp8. bf16 is implemented; fp8 (Hopper block
-    FP8 forward and backward) and fp8_bwd (bf16 forward, FP8 backward) are not yet; mxfp8 needs a
-    Blackwell (sm_100) GPU."""
+    """bf16 | fp8 | fp8_bwd | mxfp8. Implemented: bf16. fp8 (block FP8) and fp8_bwd (FP8 backward only): not yet. mxfp8: Blackwell only."""
 
     backend: str = "auto"
-    """auto | triton | reference. auto = the fused Triton kernels on CUDA, the pure-PyTorch reference
-    (which reproduces stock TorchTitan's rounding) elsewhere."""
+    """auto | triton | reference. auto: the fused Triton kernels on CUDA, the pure-PyTorch reference (stock's rounding) elsewhere."""
 
     save_under_sac: bool = False
-    """Under op-level selective activation checkpointing: False = the fused op is recomputed in the
-    backward, like stock's grouped GEMMs; True = SAC saves its outputs (adds
-    titan_megamoe::moe_forward to qwen3's op save list: more memory, no expert recompute)."""
+    """Under op-level SAC: false = the fused op is recomputed in backward like stock's grouped GEMMs; true = its outputs are saved."""
 
 
 @dataclass
 class Model:
     hf_assets_path: str = str(TOKENIZER_DIR)
-    """Directory of the tokenizer (tokenizer.json, tokenizer_config.json) and HF checkpoint files.
-    With titan-megamoe loaded it defaults to the tiny BPE tokenizer bundled in the package."""
+    """Tokenizer (and HF checkpoint) directory. With titan-megamoe's config module: the tokenizer bundled in the package."""
 
 
 @dataclass

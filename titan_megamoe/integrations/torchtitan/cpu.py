@@ -29,8 +29,8 @@ was; none changes numerics:
 from __future__ import annotations
 
 import functools
+import importlib
 import os
-import sys
 import types
 
 import torch
@@ -108,8 +108,6 @@ CPU_DEVICE_MODULE = _CpuDeviceModule()
 
 
 def _patch_device_type() -> None:
-    import importlib
-
     import torch._utils as tu
 
     original = tu._get_available_device_type
