@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import time
 
 import torch
@@ -104,6 +105,8 @@ def main():
     key = f"{D}x{H}"
     table = json.loads(configs.TABLE_PATH.read_text()) if configs.TABLE_PATH.exists() else {"configs": {}, "measured": {}}
     winners, log = table["configs"].setdefault(key, {}), table["measured"].setdefault(key, {})
+    every = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "shape": a.shape, "runs": []}
     for kernel in a.kernels:
         results = []
         cands = ROW_CANDIDATES.get(kernel) or WGRAD_CANDIDATES
@@ -121,6 +124,7 @@ def main():
                 continue
             tf = FLOPS_PER_NDH[kernel] * nflop / ms / 1e9
             results.append((ms, cand))
+            every["runs"].append({"kernel": kernel, "config": cand, "ms": ms, "tflops": tf})
             print(f"  {kernel:<13} {str(cand):<90} {ms:7.3f} ms {tf:6.0f} TFLOP/s ({time.time() - t0:.0f}s)", flush=True)
         if not results:
             continue
@@ -132,6 +136,11 @@ def main():
     if a.write:
         configs.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
         print(f"wrote {configs.TABLE_PATH}")
+        os.makedirs("docs/results", exist_ok=True)
+        path = f"docs/results/tune_{key}_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
+        with open(path, "w") as f:
+            json.dump(every, f, indent=1)
+        print(f"wrote {path} (every candidate)")
     print(json.dumps(table, indent=1))
 
 
