@@ -33,6 +33,22 @@ def cast_rne(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
     return x.to(dtype)
 
 
+@triton.jit
+def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl.constexpr):
+    """The work of program `pid` in a row-tiled kernel: (expert, N-tile, sorted rows, row mask).
+
+    N-tiles vary fastest, so consecutive programs reuse the same gathered rows from L2. expert < 0 marks
+    a tile past the real count (the grid is sized at the host-known bound): the caller returns at once.
+    """
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    expert = tl.load(tile_expert_ptr + pid_m)
+    row_start = tl.load(tile_row_ptr + pid_m)
+    row_end = tl.load(offsets_ptr + tl.maximum(expert, 0) + 1)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    return expert, pid_n, rows, rows < row_end
+
+
 def interpret_flag() -> bool:
     return interpreting()
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_rne, interpret_flag, mma, new_output
+from .common import cast_rne, interpret_flag, mma, new_output, row_tile
 from .configs import tile_config
 
 
@@ -55,18 +55,11 @@ def _dgrad_swiglu_kernel(
 ):
     # each program covers 2*BLOCK_N columns of H with two accumulators sharing every gathered dout tile
     # (like GEMM1's gate/up pair): half the A-operand traffic per MMA of a single-accumulator tile
-    pid = tl.program_id(0)
     num_n = tl.cdiv(H, 2 * BLOCK_N)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
+    expert, pid_n, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                           BLOCK_M)
     if expert < 0:
         return
-    row_start = tl.load(tile_row_ptr + pid_m)
-    row_end = tl.load(offsets_ptr + expert + 1)
-
-    rows = row_start + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
     routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
     tok = routed // top_k
     offs_n0 = pid_n * 2 * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_rne, interpret_flag, mma, new_output
+from .common import cast_rne, interpret_flag, mma, new_output, row_tile
 from .configs import tile_config
 
 
@@ -25,19 +25,11 @@ def _gemm1_swiglu_kernel(
     stride_xt, stride_we, stride_wh,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    pid = tl.program_id(0)
     num_n = tl.cdiv(H, BLOCK_N)
-    # n varies fastest: consecutive programs reuse the same gathered rows of x from L2
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
+    expert, pid_n, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                           BLOCK_M)
     if expert < 0:
         return
-    row_start = tl.load(tile_row_ptr + pid_m)
-    row_end = tl.load(offsets_ptr + expert + 1)
-
-    rows = row_start + tl.arange(0, BLOCK_M)
-    row_ok = rows < row_end
     tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // top_k
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < H
