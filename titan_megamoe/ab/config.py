@@ -7,6 +7,8 @@ reads the JobConfig the trainer itself resolved (`--job.save_config_file`), whic
 
 from __future__ import annotations
 
+import importlib
+
 import importlib.resources
 import json
 from pathlib import Path
@@ -116,28 +118,25 @@ def lookup(values: dict, dotted: str, default: Any = None) -> Any:
     return node
 
 
-def _torchtitan_default(dotted: str) -> Any:
-    """TorchTitan's own default for a JobConfig field (None if torchtitan or the field is missing)."""
+def _dataclass_default(module: str, dotted: str) -> Any:
+    """The default of a JobConfig field in `module` (None if the module or the field is missing)."""
     try:
-        from torchtitan.config import JobConfig
+        job_config = importlib.import_module(module).JobConfig
     except ImportError:
         return None
-    node: Any = JobConfig()
+    node: Any = job_config()
     for part in dotted.split("."):
         node = getattr(node, part, None)
     return node
+
+
+def _torchtitan_default(dotted: str) -> Any:
+    return _dataclass_default("torchtitan.config", dotted)
 
 
 def _mega_moe_default(dotted: str) -> Any:
-    """Our own `[mega_moe]` section's default (None if the integration is not importable)."""
-    try:
-        from titan_megamoe.integrations.torchtitan.config import JobConfig
-    except ImportError:
-        return None
-    node: Any = JobConfig()
-    for part in dotted.split("."):
-        node = getattr(node, part, None)
-    return node
+    """Our own `[mega_moe]` section's default."""
+    return _dataclass_default("titan_megamoe.integrations.torchtitan.config", dotted)
 
 
 def setting(values: dict, dotted: str) -> Any:
