@@ -16,7 +16,7 @@ stage() {  # name, time limit (s), command...
   echo "=== $name rc=$rc"
   tail -n "${TAIL:-14}" "$out/$name.log"
 }
-[ "${SKIP_TESTS:-0}" = 1 ] || stage gpu_tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py
+stage gpu_tests "${TESTS_LIMIT:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py ${TESTS_K:+-k "$TESTS_K"}
 stage bench 170 python3 scripts/bench_layer.py --sac --iters 20
 stage ab_debug 130 python3 -m titan_megamoe.cli ab --config qwen3_moe_debug.toml --steps 30 --warmup 5 \
   --no-deterministic --out "$out/ab_debug"
