@@ -42,22 +42,12 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from .common import cast_rne
 from .configs import tuned_entry
 
 # ------------------------------------------------------------------------------------------------
 # Kernel
 # ------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _round_bf16(x, INTERP: tl.constexpr):
-    """fp32 -> bf16, round to nearest even. The interpreter's cast truncates (and its RTNE mode carries
-    into the exponent wrongly), so there the rounding is done on the bits and the cast is exact."""
-    if INTERP:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(tl.bfloat16)
 
 
 @triton.jit
@@ -149,9 +139,9 @@ def _wgrad_tile(
         if HAS_SCALE:
             s = tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
             if SCALE_B:
-                b = _round_bf16(b.to(tl.float32) * s[:, None], INTERP)
+                b = cast_rne(b.to(tl.float32) * s[:, None], tl.bfloat16, INTERP)
             else:
-                a = _round_bf16(a.to(tl.float32) * s[:, None], INTERP)
+                a = cast_rne(a.to(tl.float32) * s[:, None], tl.bfloat16, INTERP)
         if INTERP:  # the interpreter's tl.dot multiplies bf16 bit patterns as integers: feed it fp32
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -163,9 +153,9 @@ def _wgrad_tile(
             acc2 = tl.dot(tl.trans(a2), b, acc2)
 
     if OUT_BF16:
-        acc = _round_bf16(acc, INTERP)
+        acc = cast_rne(acc, tl.bfloat16, INTERP)
         if DUAL:
-            acc2 = _round_bf16(acc2, INTERP)
+            acc2 = cast_rne(acc2, tl.bfloat16, INTERP)
     c_off = split.to(tl.int64) * stride_cs + expert.to(tl.int64) * stride_ce
     c_off = c_off + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     if EVEN_M and EVEN_N:
