@@ -1,6 +1,5 @@
 """A/B config handling: bundled-config lookup, TOML + CLI overrides, the activation-checkpointing line."""
 
-from pathlib import Path
 
 import pytest
 

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 # the interpreter must be chosen before triton compiles anything: run the checks in a child process
 # so the rest of the suite keeps ordinary Triton behaviour
