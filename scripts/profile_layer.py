@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Where the time goes: per-kernel CUDA time of the stock and fused MoE layers (torch.profiler).
+
+Builds the same layers as scripts/bench_layer.py, profiles --iters calls of forward and of
+forward+backward for each arm, and prints per-kernel totals (ms per call) sorted by time, plus the
+host time to enqueue one call (no sync) so launch-bound cases show up as such.
+
+    python scripts/profile_layer.py --cases 30b-16k 30b-4k
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_layer import CASES, build_layers, run_fwd_bwd  # noqa: E402
+
+
+def kernel_table(fn, iters: int, top: int) -> str:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            t = totals.setdefault(ev.name, [0.0, 0])
+            t[0] += ev.device_time_total / 1e3 / iters
+            t[1] += 1
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    total = sum(v[0] for v in totals.values())
+    lines = [f"  GPU busy {total:.3f} ms/call over {len(rows)} kernels"]
+    for name, (ms, n) in rows[:top]:
+        lines.append(f"  {ms:8.3f} ms  x{n // iters:<3d} {name[:110]}")
+    return "\n".join(lines)
+
+
+def host_enqueue_ms(fn, iters: int) -> tuple[float, float]:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e3 / iters, (t2 - t0) * 1e3 / iters
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", nargs="+", default=["30b-16k"], choices=list(CASES))
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    for name in a.cases:
+        stock, fused, x = build_layers(*CASES[name])
+        dout = torch.randn_like(x)
+        x_req = x.detach().requires_grad_(True)
+        for arm, layer in (("stock", stock), ("fused", fused)):
+            for kind, fn in (("fwd", lambda: layer(x_req)), ("fwd+bwd", lambda: run_fwd_bwd(layer, x, dout))):
+                enq, wall = host_enqueue_ms(fn, 10)
+                print(f"== {name} {arm} {kind}: host enqueue {enq:.3f} ms/call, wall {wall:.3f} ms/call")
+                print(kernel_table(fn, a.iters, a.top), flush=True)
+
+
+if __name__ == "__main__":
+    main()
