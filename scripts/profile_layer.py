@@ -2,8 +2,9 @@
 """Where the time goes: per-kernel CUDA time of the stock and fused MoE layers (torch.profiler).
 
 Builds the same layers as scripts/bench_layer.py, profiles --iters calls of forward and of
-forward+backward for each arm, and prints per-kernel totals (ms per call) sorted by time, plus the
-host time to enqueue one call (no sync) so launch-bound cases show up as such.
+forward+backward for each arm, and prints per-kernel totals (ms per call) sorted by time, the host time to
+enqueue one call (no sync), and the GPU's idle gaps inside one call with the kernels around them, so
+launch-bound stretches show up as such.
 
     python scripts/profile_layer.py --cases 30b-16k 30b-4k
 """
@@ -44,7 +45,29 @@ def kernel_table(fn, iters: int, top: int) -> str:
     return "\n".join(lines)
 
 
+def gap_report(fn, top: int = 6, min_us: float = 10.0) -> str:
+    """GPU idle time inside one call: gaps between consecutive kernels, biggest first, with neighbours."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = sorted(((ev.time_range.start, ev.time_range.end, ev.name) for ev in prof.events()
+                      if ev.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[0])
+    if not kernels:
+        return "  (no kernels)"
+    gaps = [(b[0] - a[1], a[2], b[2]) for a, b in zip(kernels, kernels[1:]) if b[0] - a[1] > min_us]
+    span = kernels[-1][1] - kernels[0][0]
+    lines = [f"  span {span / 1e3:.3f} ms, idle {sum(g[0] for g in gaps) / 1e3:.3f} ms in {len(gaps)} gaps > {min_us:g} us"]
+    for us, before, after in sorted(gaps, reverse=True)[:top]:
+        lines.append(f"  {us:8.1f} us idle  after {before[:50]!r}  before {after[:50]!r}")
+    return "\n".join(lines)
+
+
 def host_enqueue_ms(fn, iters: int) -> tuple[float, float]:
+    for _ in range(3):
+        fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -70,6 +93,7 @@ def main():
                 enq, wall = host_enqueue_ms(fn, 10)
                 print(f"== {name} {arm} {kind}: host enqueue {enq:.3f} ms/call, wall {wall:.3f} ms/call")
                 print(kernel_table(fn, a.iters, a.top), flush=True)
+                print(gap_report(fn), flush=True)
 
 
 if __name__ == "__main__":

@@ -103,4 +103,9 @@ def test_fake_impl_gives_shapes_for_compile():
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(t) for t in case.inputs()]
         out, g, u, meta = torch.ops.titan_megamoe.moe_forward(*fake, "bf16", "triton")
-    assert out.shape == (6, 32) and g.shape == u.shape == (12, 16) and meta.shape == (2 * 12 + 5,)
+    from titan_megamoe.kernels.configs import row_block_m
+    from titan_megamoe.routing import max_tiles
+
+    # order + inverse (N each), offsets (E+1), tile expert + tile row (n_tiles each), the ids-in-range flag
+    n_tiles = max_tiles(12, 4, row_block_m())
+    assert out.shape == (6, 32) and g.shape == u.shape == (12, 16) and meta.shape == (2 * 12 + 5 + 2 * n_tiles + 1,)

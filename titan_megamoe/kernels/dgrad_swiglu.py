@@ -6,8 +6,8 @@ For the expert-sorted rows p of one tile (expert e, routed row n = order(p), tok
     dh_p = s_p q_p
     dg_p = dh_p * u_p * silu'(g_p),   du_p = dh_p * silu(g_p)
 dout rows are gathered by token in the prologue; h = silu(g) * u is recomputed from the saved g, u.
-ds is summed over H per program into a [N, num_programs_along_H] fp32 buffer and reduced afterwards in a
-fixed order: deterministic, no atomics. The epilogue also writes s*h, the right operand of dW2.
+ds is summed over H per program into a [N, num_programs_along_H] fp32 buffer, indexed by routed row (so
+the result needs no un-sorting), and reduced afterwards in a fixed order: deterministic, no atomics. The epilogue also writes s*h, the right operand of dW2.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _dgrad_swiglu_kernel(
     dout_ptr, w2_ptr,  # dout [T, D]; w2 [E, D, H]
     g_ptr, u_ptr, scores_ptr,  # g, u [N, H] sorted; scores [N] routed-row order (fp32)
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-    dg_ptr, du_ptr, hs_ptr, ds_part_ptr,  # dg, du, s*h [N, H] sorted; ds_part [N, num_n] sorted, fp32
+    dg_ptr, du_ptr, hs_ptr, ds_part_ptr,  # dg, du, s*h [N, H] sorted; ds_part [N, num_n] routed, fp32
     D, H, top_k,
     stride_dt, stride_we, stride_wd,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
@@ -85,11 +85,11 @@ def _dgrad_swiglu_kernel(
     s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
     ds_part = _dswiglu_epilogue(q0, rows, row_ok, offs_n0, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
     ds_part += _dswiglu_epilogue(q1, rows, row_ok, offs_n1, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
-    tl.store(ds_part_ptr + rows.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+    tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
 
 
 def dgrad_swiglu(dout_TD, w2_EDH, g_NH, u_NH, scores_N, order_N, tile_expert, tile_row, offsets_E1, top_k):
-    """Returns (dg_NH, du_NH, hs_NH = s*h) bf16 sorted rows and ds_N fp32 in sorted order."""
+    """Returns (dg_NH, du_NH, hs_NH = s*h) bf16 sorted rows and ds_N fp32 in routed-row order."""
     N, H = g_NH.shape
     E, D, _ = w2_EDH.shape
     cfg = tile_config("dgrad_swiglu", D, H)

@@ -1,0 +1,115 @@
+"""Routing metadata for the kernels in one launch after the sort: offsets, inverse order, tile schedule.
+
+`titan_megamoe.routing` builds the same metadata with ~30 small torch ops; on the GPU each op costs
+host launch time while the GPU sits idle before GEMM1 (measured: the forward's host time, not its
+kernels, was the gap to the target). Here the sort stays a torch op and one Triton kernel does the rest:
+  program 0:  offsets[e] = #(sorted ids < e) by a vectorised binary search, per-expert tile counts,
+              their cumulative sum and each tile's (expert, first row); it also writes a flag that is 1
+              when every id lies in [0, E) (offsets[0] == 0 and offsets[E] == N);
+  programs 1+: order (int64 from the sort) -> int32, and inv[order[p]] = p.
+Everything lands in one int32 buffer (the op's routing residual), so the backward reuses it as views.
+The torch version in `titan_megamoe.routing` is this kernel's oracle in the tests.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..routing import max_tiles
+
+
+class RoutingPlan(NamedTuple):
+    order_N: torch.Tensor  # int32 [N]: sorted position -> routed row
+    inv_N: torch.Tensor  # int32 [N]: routed row -> sorted position
+    offsets_E1: torch.Tensor  # int32 [E+1]
+    tile_expert: torch.Tensor  # int32 [n_tiles]: expert of each M-tile, -1 past the real count
+    tile_row: torch.Tensor  # int32 [n_tiles]: first sorted row of each M-tile
+    ids_ok: torch.Tensor  # int32 [1]: 1 when every expert id was in range
+
+
+def packed_size(num_rows: int, num_experts: int, block_m: int) -> int:
+    return 2 * num_rows + num_experts + 1 + 2 * max_tiles(num_rows, num_experts, block_m) + 1
+
+
+def unpack(packed: torch.Tensor, num_rows: int, num_experts: int, block_m: int) -> RoutingPlan:
+    n, e1, nt = num_rows, num_experts + 1, max_tiles(num_rows, num_experts, block_m)
+    sizes = (n, n, e1, nt, nt, 1)
+    return RoutingPlan(*torch.split(packed, sizes))
+
+
+@triton.jit
+def _lower_bound(sorted_ptr, n, n_iter, target):
+    """Per lane: the number of sorted values < target (binary search, all lanes in lockstep)."""
+    lo = tl.zeros_like(target)
+    hi = tl.zeros_like(target) + n
+    for _ in range(n_iter):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(sorted_ptr + mid, mask=active, other=0)
+        right = active & (v < target)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & (v >= target), mid, hi)
+    return lo
+
+
+@triton.jit
+def _routing_meta_kernel(
+    sorted_ptr, order64_ptr, packed_ptr,
+    N, E, n_tiles, n_iter,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    inv_ptr = packed_ptr + N
+    offsets_ptr = packed_ptr + 2 * N
+    tile_expert_ptr = offsets_ptr + E + 1
+    tile_row_ptr = tile_expert_ptr + n_tiles
+    ok_ptr = tile_row_ptr + n_tiles
+    if pid == 0:
+        e = tl.arange(0, BLOCK_E)
+        start_E = _lower_bound(sorted_ptr, N, n_iter, e)
+        end_E = _lower_bound(sorted_ptr, N, n_iter, e + 1)
+        tl.store(offsets_ptr + e, start_E, mask=e <= E)
+        first = tl.sum(tl.where(e == 0, start_E, 0))
+        last = tl.sum(tl.where(e == E, start_E, 0))
+        tl.store(ok_ptr, ((first == 0) & (last == N)).to(tl.int32))
+        tiles_E = tl.where(e < E, (end_E - start_E + BLOCK_M - 1) // BLOCK_M, 0)
+        tile_end_E = tl.cumsum(tiles_E, 0)
+        tile_start_E = tile_end_E - tiles_E
+        for t0 in range(0, n_tiles, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            # the expert of tile t: how many experts' tile ranges end at or before t
+            expert = tl.sum((tile_end_E[None, :] <= t[:, None]).to(tl.int32), axis=1)
+            mine = e[None, :] == expert[:, None]
+            row = tl.sum(tl.where(mine, start_E[None, :] + (t[:, None] - tile_start_E[None, :]) * BLOCK_M, 0), axis=1)
+            valid = expert < E
+            tl.store(tile_expert_ptr + t, tl.where(valid, expert, -1), mask=t < n_tiles)
+            tl.store(tile_row_ptr + t, tl.where(valid, row, 0), mask=t < n_tiles)
+    else:
+        p = (pid - 1) * BLOCK + tl.arange(0, BLOCK)
+        ok = p < N
+        routed = tl.load(order64_ptr + p, mask=ok, other=0).to(tl.int32)
+        tl.store(packed_ptr + p, routed, mask=ok)
+        tl.store(inv_ptr + routed, p, mask=ok)
+
+
+_BLOCK = 1024
+
+
+def build_routing_plan(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, RoutingPlan]:
+    """(packed int32 buffer, views into it). No host synchronisation; sizes follow from (T, K, E)."""
+    ids_N = topk_ids_TK.reshape(-1)
+    n = ids_N.numel()
+    # stable: within an expert, rows keep token order (the order stock TorchTitan uses)
+    sorted_N, order_N = torch.sort(ids_N.to(torch.int32), stable=True)
+    packed = torch.empty(packed_size(n, num_experts, block_m), dtype=torch.int32, device=ids_N.device)
+    n_tiles = max_tiles(n, num_experts, block_m)
+    _routing_meta_kernel[(1 + triton.cdiv(n, _BLOCK),)](
+        sorted_N, order_N, packed, n, num_experts, n_tiles, max(n, 1).bit_length(),
+        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_T=64, BLOCK=_BLOCK,
+        num_warps=4,
+    )
+    return packed, unpack(packed, n, num_experts, block_m)
