@@ -21,7 +21,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 import torch
@@ -167,18 +166,15 @@ def bench_case(name, warmup, iters, with_sac):
 
 
 def environment():
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()
-        except Exception:
-            return None
-
     import triton
     import torchtitan
 
+    from titan_megamoe.ab.environment import git_commit
+
+    git = git_commit() or {}
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "torchtitan": getattr(torchtitan, "__version__", "?"), "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "torchtitan": getattr(torchtitan, "__version__", "?"), "commit": git.get("commit"),
+            "dirty": git.get("dirty"), "commit_source": git.get("repo"),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv}
 
 

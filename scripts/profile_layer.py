@@ -45,7 +45,7 @@ def kernel_table(fn, iters: int, top: int) -> str:
     return "\n".join(lines)
 
 
-def gap_report(fn, top: int = 6, min_us: float = 10.0) -> str:
+def gap_report(fn, top: int = 6, min_us: float = 10.0, timeline: bool = False) -> str:
     """GPU idle time inside one call: gaps between consecutive kernels, biggest first, with neighbours."""
     for _ in range(3):
         fn()
@@ -62,6 +62,12 @@ def gap_report(fn, top: int = 6, min_us: float = 10.0) -> str:
     lines = [f"  span {span / 1e3:.3f} ms, idle {sum(g[0] for g in gaps) / 1e3:.3f} ms in {len(gaps)} gaps > {min_us:g} us"]
     for us, before, after in sorted(gaps, reverse=True)[:top]:
         lines.append(f"  {us:8.1f} us idle  after {before[:50]!r}  before {after[:50]!r}")
+    if timeline:
+        lines.append("  timeline (idle before, kernel time, kernel):")
+        prev_end = kernels[0][0]
+        for start, end, name in kernels:
+            lines.append(f"    {start - prev_end:7.1f} us {end - start:8.1f} us  {name[:90]}")
+            prev_end = end
     return "\n".join(lines)
 
 
@@ -83,6 +89,7 @@ def main():
     ap.add_argument("--cases", nargs="+", default=["30b-16k"], choices=list(CASES))
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--timeline", action="store_true", help="list every kernel of one call in launch order")
     a = ap.parse_args()
     for name in a.cases:
         stock, fused, x = build_layers(*CASES[name])
@@ -93,7 +100,7 @@ def main():
                 enq, wall = host_enqueue_ms(fn, 10)
                 print(f"== {name} {arm} {kind}: host enqueue {enq:.3f} ms/call, wall {wall:.3f} ms/call")
                 print(kernel_table(fn, a.iters, a.top), flush=True)
-                print(gap_report(fn), flush=True)
+                print(gap_report(fn, timeline=a.timeline), flush=True)
 
 
 if __name__ == "__main__":

@@ -109,13 +109,17 @@ def _(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, g, u, 
 def _setup_context(ctx, inputs, output):
     x, ids, scores, w1, w2, w3, precision, backend = inputs
     ctx.save_for_backward(x, ids, scores, w1, w2, w3, *output[1:])
-    # the residual outputs carry no gradient: without this autograd materialises zero gradients for
-    # them (two [N, H] fills, measured 0.12 ms per backward at the 30B shape)
+    # the residual outputs carry no gradient: without these two lines autograd materialises zero
+    # gradients for them (two [N, H] fills, measured 0.12 ms per backward at the 30B shape)
     ctx.mark_non_differentiable(*output[1:])
+    # ... and since they never get one, autograd must not fill zeros for them either (it does by default)
+    ctx.set_materialize_grads(False)
     ctx.precision, ctx.backend = precision, backend
 
 
 def _backward(ctx, dout, *_residual_grads):
+    if dout is None:  # the output did not reach the loss: every gradient is zero
+        return (None,) * 8
     x, ids, scores, w1, w2, w3, g, u, meta = ctx.saved_tensors
     dx, ds, dw1, dw2, dw3 = moe_backward(dout, x, ids, scores, w1, w2, w3, g, u, meta, ctx.precision, ctx.backend)
     return dx, None, ds, dw1, dw2, dw3, None, None

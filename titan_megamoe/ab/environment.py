@@ -24,7 +24,13 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_commit(where: Path | None = None) -> dict | None:
-    """HEAD of the checkout holding this package (editable installs), with a dirty flag."""
+    """HEAD of the checkout holding this package (editable installs), with a dirty flag.
+
+    TITAN_MEGAMOE_COMMIT overrides it, for machines that receive a copy of the working tree whose .git
+    is not the one the code came from (the result then says the commit was given, not read)."""
+    given = os.environ.get("TITAN_MEGAMOE_COMMIT")
+    if given:
+        return {"commit": given, "dirty": None, "repo": "given by TITAN_MEGAMOE_COMMIT"}
     where = where or Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str:

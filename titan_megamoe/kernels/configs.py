@@ -68,6 +68,11 @@ def tile_config(kernel: str, dim: int, hidden: int) -> TileConfig:
         return _INTERPRETER
     if kernel in _overrides:
         return _overrides[kernel]
+    return _table_config(kernel, dim, hidden)
+
+
+@functools.lru_cache(maxsize=None)
+def _table_config(kernel: str, dim: int, hidden: int) -> TileConfig:
     tuned = tuned_entry(kernel, dim, hidden)
     cfg = TileConfig(*tuned) if tuned else _GPU_DEFAULTS[kernel]
     # narrow problems (small D or H) must not ask for tiles wider than the matrix

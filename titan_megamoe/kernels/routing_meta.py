@@ -103,8 +103,9 @@ def build_routing_plan(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int
     """(packed int32 buffer, views into it). No host synchronisation; sizes follow from (T, K, E)."""
     ids_N = topk_ids_TK.reshape(-1)
     n = ids_N.numel()
-    # stable: within an expert, rows keep token order (the order stock TorchTitan uses)
-    sorted_N, order_N = torch.sort(ids_N.to(torch.int32), stable=True)
+    # stable: within an expert, rows keep token order (the order stock TorchTitan uses). The ids are
+    # sorted in their own dtype: an int64 -> int32 copy first would cost a launch while the GPU idles
+    sorted_N, order_N = torch.sort(ids_N, stable=True)
     packed = torch.empty(packed_size(n, num_experts, block_m), dtype=torch.int32, device=ids_N.device)
     n_tiles = max_tiles(n, num_experts, block_m)
     _routing_meta_kernel[(1 + triton.cdiv(n, _BLOCK),)](
