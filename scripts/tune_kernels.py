@@ -36,8 +36,10 @@ ROW_CANDIDATES = {
               (M, 64, 64, 4, 4), (M, 256, 32, 8, 4)],
 }
 # dgrad's BLOCK_N is per accumulator (two accumulators: a program covers 2*BLOCK_N columns)
-ROW_CANDIDATES["dgrad_swiglu"] = [(M, 64, 64, 8, 4), (M, 64, 64, 8, 3), (M, 64, 32, 8, 5), (M, 128, 64, 8, 4),
-                                  (M, 64, 64, 4, 4)]
+# 16 warps (four warpgroups) halve the registers each thread holds for 2 x [128, 128] accumulators plus the
+# dSwiGLU epilogue, where 8 warps spill: the way to amortise each gathered dout tile over 256 columns
+ROW_CANDIDATES["dgrad_swiglu"] = [(M, 64, 64, 8, 4), (M, 64, 64, 8, 3), (M, 128, 64, 16, 3), (M, 128, 64, 16, 4),
+                                  (M, 128, 32, 16, 4), (M, 64, 64, 16, 4)]
 ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"]
 WGRAD_CANDIDATES = [  # the gathered row index costs the pipeliner a stage: 5 stages give 3 data buffers
     dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),

@@ -56,11 +56,12 @@ class MegaMoE(MoE):
 
         top_scores_TK, topk_ids_TK, num_tokens_per_expert = self.router(x_TD, self.expert_bias)
 
-        # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them)
+        out_TD = self.experts(x_TD, topk_ids_TK, top_scores_TK)
+
+        # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them); updated
+        # after the experts are launched so that this launch is not on the GPU's critical path
         with torch.no_grad():
             self.tokens_per_expert.add_(num_tokens_per_expert)
-
-        out_TD = self.experts(x_TD, topk_ids_TK, top_scores_TK)
 
         if self.shared_experts is not None:
             out_TD = self.shared_experts(x_TD) + out_TD
