@@ -5,7 +5,8 @@ Times every candidate of every kernel in isolation on one shape with random top-
 (triton.testing.do_bench, median), keeps the fastest, and merges it into the shipped table keyed by
 "DxH". Run it in small batches (--kernels) inside a time limit: each candidate compiles once.
 
-    python scripts/tune_kernels.py --shape 2048 768 128 8 16384
+    python scripts/tune_kernels.py --shape 2048 768 128 8 16384 --write
+    python scripts/tune_kernels.py --merge docs/results/tune_4096x1536_*.json   # table from a recorded run
 """
 
 from __future__ import annotations
@@ -95,18 +96,39 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def merge_run(run: dict) -> None:
+    """Write the fastest config of each kernel in a recorded run (this script's every-candidate JSON)
+    into tuned_configs.json: the table is always derived from a committed measurement."""
+    D, H, E, K, T = run["shape"]
+    key = f"{D}x{H}"
+    table = json.loads(configs.TABLE_PATH.read_text()) if configs.TABLE_PATH.exists() else {"configs": {}, "measured": {}}
+    winners, log = table["configs"].setdefault(key, {}), table["measured"].setdefault(key, {})
+    for kernel in dict.fromkeys(r["kernel"] for r in run["runs"]):
+        best = min((r for r in run["runs"] if r["kernel"] == kernel), key=lambda r: r["ms"])
+        winners[kernel] = best["config"]
+        log[kernel] = {"ms": best["ms"], "tflops": best["tflops"], "T": T, "E": E, "K": K, "gpu": run["gpu"],
+                       "date": run["date"][:10]}
+        print(f"table {key} {kernel}: {best['config']} ({best['ms']:.3f} ms)")
+    configs.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"wrote {configs.TABLE_PATH}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", nargs=5, type=int, metavar=("D", "H", "E", "K", "T"), default=[2048, 768, 128, 8, 16384])
     ap.add_argument("--kernels", nargs="+", default=list(ROW_CANDIDATES) + ["wgrad_w2", "wgrad_w13"])
     ap.add_argument("--write", action="store_true", help="merge the winners into tuned_configs.json")
+    ap.add_argument("--merge", nargs="+", metavar="RUN_JSON",
+                    help="no GPU work: rebuild table entries from recorded runs (docs/results/tune_*.json)")
     a = ap.parse_args()
+    if a.merge:
+        for path in a.merge:
+            merge_run(json.loads(open(path).read()))
+        return
     D, H, E, K, T = a.shape
     p = make_problem(D, H, E, K, T)
     nflop = T * K * D * H
     key = f"{D}x{H}"
-    table = json.loads(configs.TABLE_PATH.read_text()) if configs.TABLE_PATH.exists() else {"configs": {}, "measured": {}}
-    winners, log = table["configs"].setdefault(key, {}), table["measured"].setdefault(key, {})
     every = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "shape": a.shape, "runs": []}
     for kernel in a.kernels:
@@ -128,22 +150,16 @@ def main():
             results.append((ms, cand))
             every["runs"].append({"kernel": kernel, "config": cand, "ms": ms, "tflops": tf})
             print(f"  {kernel:<13} {str(cand):<90} {ms:7.3f} ms {tf:6.0f} TFLOP/s ({time.time() - t0:.0f}s)", flush=True)
-        if not results:
-            continue
-        ms, best = min(results, key=lambda r: r[0])
-        winners[kernel] = list(best) if kernel in ROW_CANDIDATES else best
-        log[kernel] = {"ms": ms, "tflops": FLOPS_PER_NDH[kernel] * nflop / ms / 1e9, "T": T, "E": E, "K": K,
-                       "gpu": torch.cuda.get_device_name(), "date": dt.date.today().isoformat()}
-        print(f"best {kernel}: {best} {ms:.3f} ms", flush=True)
+        if results:
+            ms, best = min(results, key=lambda r: r[0])
+            print(f"best {kernel}: {best} {ms:.3f} ms", flush=True)
     if a.write:
-        configs.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
-        print(f"wrote {configs.TABLE_PATH}")
+        merge_run(every)
         os.makedirs("docs/results", exist_ok=True)
         path = f"docs/results/tune_{key}_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
         with open(path, "w") as f:
             json.dump(every, f, indent=1)
         print(f"wrote {path} (every candidate)")
-    print(json.dumps(table, indent=1))
 
 
 if __name__ == "__main__":
