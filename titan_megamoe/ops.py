@@ -6,6 +6,13 @@ residuals are op outputs, op-level selective activation checkpointing can save t
 `integrations.torchtitan`) or recompute it like stock's grouped GEMMs. The fake implementations make
 the op traceable by torch.compile.
 
+In plain eager mode `moe()` skips the dispatcher: an autograd.Function calls the same pipeline
+functions directly. torch's custom-op autograd wrapper costs ~100 us of host time per forward (measured
+on CPU; `torch._library.utils.fill_defaults` alone rebuilds the schema's argument list per argument),
+and in the forward that host time is GPU idle time before GEMM1. Whenever something may need to see the
+op (torch.compile tracing, or any TorchDispatchMode such as selective activation checkpointing's caching
+mode or FakeTensorMode) the custom op is used, so SAC can save or recompute it and compile can trace it.
+
 The reference backend is plain differentiable PyTorch (autograd records it like stock's MoE), not
 a custom op: a custom op's implementation runs below autograd, and the reference is most useful as an
 oracle when its gradients come from autograd itself.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .precision import Precision, check_precision_supported
 from .reference import moe_reference
@@ -128,6 +136,32 @@ def _backward(ctx, dout, *_residual_grads):
 moe_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _FusedMoEEager(torch.autograd.Function):
+    """The Triton pipeline under autograd without the dispatcher (plain eager mode only: see the module
+    docstring). Same kernels, same residuals, same results as the custom op."""
+
+    @staticmethod
+    def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD):
+        from .kernels.pipeline import fused_moe_forward
+
+        out, g, u, plan = fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD)
+        ctx.save_for_backward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, g, u, plan)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from .kernels.pipeline import fused_moe_backward
+
+        x, ids, scores, w1, w2, w3, g, u, plan = ctx.saved_tensors
+        dx, ds, dw1, dw2, dw3 = fused_moe_backward(dout.contiguous(), x, ids, scores, w1, w2, w3, g, u, plan)
+        return dx, None, ds, dw1, dw2, dw3
+
+
+def _op_must_be_visible() -> bool:
+    """True when a tracer or dispatch mode (compile, SAC, fake tensors) should see the custom op."""
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+
+
 def moe(
     x_TD: torch.Tensor,
     topk_ids_TK: torch.Tensor,
@@ -157,5 +191,8 @@ def moe(
     if resolved == "reference":
         check_expert_ids(topk_ids_TK, w1_EFD.shape[0])
         return moe_reference(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, _COMPUTE_DTYPE[p.value])
-    out, *_ = moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, p.value, resolved)
-    return out
+    if _op_must_be_visible():
+        out, *_ = moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, p.value, resolved)
+        return out
+    check_expert_ids(topk_ids_TK, w1_EFD.shape[0], device_check=False)
+    return _FusedMoEEager.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD)
