@@ -60,14 +60,15 @@ def ab_section(path: Path) -> list[str]:
     data = json.loads(path.read_text())
     cmp_, env = data["comparison"], data["environment"]
     ratios, loss = cmp_["ratios_mega_over_stock"], cmp_["loss_diff"]
+    base, cand = cmp_.get("baseline", "stock"), cmp_.get("candidate", "mega_moe")
     git = env.get("git") or {}
     return [f"### {path.parent.name}", "",
             f"{env.get('device')}, torch {env['versions'].get('torch')}, commit {(git.get('commit') or '?')[:10]}, "
             f"{env.get('date')}; `{Path(data['config']).name}`, {data['steps']} steps, warm-up {data['warmup']}, "
             f"deterministic {data['deterministic']}", "", *_note(path.parent / "ab.json"),
-            f"- step-time speedup (stock / mega_moe): {cmp_['speedup']:.3f}x; tokens/s ratio {ratios['tps']:.3f}; "
+            f"- step-time speedup ({base} / {cand}): {cmp_['speedup']:.3f}x; tokens/s ratio {ratios['tps']:.3f}; "
             f"peak memory ratio {ratios['peak_memory']:.3f}",
-            f"- loss |mega_moe - stock|: max {loss['max_abs']:.5f} (step {loss['max_abs_step']}), "
+            f"- loss |{cand} - {base}|: max {loss['max_abs']:.5f} (step {loss['max_abs_step']}), "
             f"mean {loss['mean_abs']:.5f} over {loss['n_steps']} steps",
             f"- full table: [{path.parent.name}/ab.md]({path.parent.name}/ab.md)", ""]
 

@@ -101,6 +101,32 @@ def test_fake_trainer_run(fake_trainer, tmp_path, capsys):
     assert "--debug.deterministic" in record["arms"]["stock"]["command"]
 
 
+def test_noise_floor_runs_one_backend_twice(fake_trainer, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = ab_cli.main(["--config", str(fake_trainer), "--steps", "3", "--warmup", "1", "--out", str(out),
+                      "--arms", "stock,stock"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    record = json.loads((out / "ab.json").read_text())
+    assert record["arm_order"] == ["stock", "stock_repeat"] and set(record["arms"]) == {"stock", "stock_repeat"}
+    for arm in record["arms"].values():
+        assert "--mega_moe.no-enable" in arm["command"]
+    comp = record["comparison"]
+    assert (comp["baseline"], comp["candidate"]) == ("stock", "stock_repeat")
+    assert comp["loss_diff"]["identical"] and comp["loss_diff"]["max_abs"] == 0.0
+    assert (out / "stock_repeat.log").is_file() and (out / "ab.png").is_file()
+    assert "stock vs stock_repeat (one backend twice: the run-to-run noise floor)" in captured.out
+    assert "stock_repeat/stock" in captured.out and "loss |stock_repeat - stock|" in captured.out
+    assert "stock_repeat/stock" in (out / "ab.md").read_text()
+
+
+def test_bad_arms_value(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ab_cli.main(["--arms", "stock,fast", "--out", str(tmp_path / "o")])
+    assert "--arms takes two of stock, mega_moe" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_fake_trainer_arm_failure(fake_trainer, tmp_path, capsys):
     out = tmp_path / "out"
     rc = ab_cli.main(["--config", str(fake_trainer), "--steps", "2", "--warmup", "0", "--out", str(out),

@@ -5,6 +5,10 @@ processes of `titan-megamoe train`, same seed and determinism flags, user overri
 Writes to the out dir: stock.log, mega_moe.log, ab.json (everything), ab.md (table + settings), ab.png
 (loss curves, step times); prints the table last. Exit code 0 when both arms trained and logged metrics,
 1 when an arm failed, 2 for a usage error, 130 when interrupted.
+
+`--arms stock,stock` (or `mega_moe,mega_moe`) runs one backend twice instead: the loss difference and
+step-time ratio of that pair are the run-to-run noise floor against which a stock-vs-mega_moe A/B
+(especially one without --debug.deterministic) can be read. The second arm is then named `<kind>_repeat`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from .stats import compare, loss_difference, summarize_arm
 DEFAULT_STEPS = 12
 DEFAULT_WARMUP = 2
 DEFAULT_SEED = 42
-ARMS = (("stock", False), ("mega_moe", True))
+ARM_KINDS = {"stock": False, "mega_moe": True}  # kind -> [mega_moe] enable
+DEFAULT_ARMS = "stock,mega_moe"
 SAVED_CONFIG = "resolved_config.json"  # written by the trainer into each arm's dump folder
 # Overrides that would break the comparison or the parsing; each has its own option here.
 RESERVED = {
@@ -59,12 +64,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=None, help="processes per arm, passed to `titan-megamoe train`")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"--debug.seed of both arms (default {DEFAULT_SEED})")
     p.add_argument(
+        "--arms",
+        default=DEFAULT_ARMS,
+        help="the two arms, baseline first: stock,mega_moe (default); stock,stock or mega_moe,mega_moe "
+        "measure the run-to-run noise floor of one backend",
+    )
+    p.add_argument(
         "--no-deterministic",
         dest="deterministic",
         action="store_false",
         help="do not pass --debug.deterministic (faster on GPU; loss curves then need not match bit for bit)",
     )
     return p
+
+
+def parse_arms(text: str) -> list[tuple[str, bool]]:
+    """'stock,mega_moe' -> [(arm name, mega flag), ...]; a repeated kind gets the name '<kind>_repeat'."""
+    kinds = [k.strip() for k in text.split(",")]
+    if len(kinds) != 2 or any(k not in ARM_KINDS for k in kinds):
+        raise ValueError(f"--arms takes two of {', '.join(ARM_KINDS)} separated by a comma, got {text!r}")
+    names = [kinds[0], kinds[1] + "_repeat" if kinds[1] == kinds[0] else kinds[1]]
+    return [(name, ARM_KINDS[kind]) for name, kind in zip(names, kinds)]
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -160,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.nproc is not None and args.nproc < 1:
         parser.error("--nproc must be >= 1")
     try:
+        arms = parse_arms(args.arms)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
         config_path = cfg.resolve_config_path(args.config)
         keys = {k for k, _ in cfg.parse_overrides(overrides)}
         for key, why in RESERVED.items():
@@ -180,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        for arm, mega in ARMS:
+        for arm, mega in arms:
             result = run_arm(arm, arm_command(args, config_path, out, arm, mega, overrides), out / f"{arm}.log", args.steps)
             results.append((result, mega))
             if result.interrupted:
@@ -201,18 +225,22 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "deterministic": args.deterministic,
         "overrides": overrides,
+        "arm_order": [name for name, _ in arms],
         "interrupted": interrupted,
         "arms": {r.name: _arm_record(r, args, values, mega, out) for r, mega in results},
     }
     info = next((r.parser.info for r, _ in results if r.parser.info.get("device_name")), {})
     record["environment"] = environment(info)
     by_name = {r.name: r for r, _ in results}
-    if "stock" in by_name and "mega_moe" in by_name:
-        comparison = compare(record["arms"]["stock"]["summary"], record["arms"]["mega_moe"]["summary"])
-        comparison["loss_diff"] = loss_difference(by_name["stock"].parser.steps, by_name["mega_moe"].parser.steps)
+    (base, _), (cand, _) = arms
+    if base in by_name and cand in by_name:
+        # "ratios_mega_over_stock" keeps its name in ab.json: it is always the second arm over the first
+        comparison = compare(record["arms"][base]["summary"], record["arms"][cand]["summary"])
+        comparison["loss_diff"] = loss_difference(by_name[base].parser.steps, by_name[cand].parser.steps)
+        comparison["baseline"], comparison["candidate"] = base, cand
         record["comparison"] = comparison
     record["warnings"] = _warnings(record, args.steps)
-    ok = len(results) == len(ARMS) and all(r.ok for r, _ in results) and not interrupted
+    ok = len(results) == len(arms) and all(r.ok for r, _ in results) and not interrupted
     record["ok"] = ok
 
     sys.stdout.flush()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"stock": "tab:blue", "mega_moe": "tab:orange"}
+COLORS = ("tab:blue", "tab:orange")  # baseline, candidate
 
 
 def plot_ab(record: dict, path: Path) -> None:
@@ -13,17 +13,21 @@ def plot_ab(record: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .report import arm_order
+
     fig, (ax_loss, ax_time, ax_diff) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    base, cand = arm_order(record)
+    colors = dict(zip((base, cand), COLORS))
     for arm, a in record["arms"].items():
         steps = a.get("steps") or []
         if not steps:
             continue
         x = [s["step"] for s in steps]
-        ax_loss.plot(x, [s["loss"] for s in steps], marker=".", label=arm, color=COLORS.get(arm))
+        ax_loss.plot(x, [s["loss"] for s in steps], marker=".", label=arm, color=colors.get(arm))
         times = (a.get("summary") or {}).get("step_time_s_per_step") or {}
         if times:
             tx = sorted(int(k) for k in times)
-            ax_time.plot(tx, [times[str(k)] for k in tx], marker=".", label=arm, color=COLORS.get(arm))
+            ax_time.plot(tx, [times[str(k)] for k in tx], marker=".", label=arm, color=colors.get(arm))
     diffs = ((record.get("comparison") or {}).get("loss_diff") or {}).get("per_step") or {}
     if diffs:
         dx = sorted(int(k) for k in diffs)
@@ -33,7 +37,7 @@ def plot_ab(record: dict, path: Path) -> None:
         ax_time.axvspan(0.5, warmup + 0.5, color="0.9", label="warm-up (not timed)")
     ax_loss.set_ylabel("loss")
     ax_time.set_ylabel("step time (s)")
-    ax_diff.set_ylabel("|loss mega - stock|")
+    ax_diff.set_ylabel(f"|loss {cand} - {base}|")
     ax_diff.set_xlabel("step")
     ax_loss.set_title(f"titan-megamoe A/B: {Path(record['config']).name}")
     for ax in (ax_loss, ax_time):

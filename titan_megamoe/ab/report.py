@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-ARMS = ("stock", "mega_moe")
+ARMS = ("stock", "mega_moe")  # the default pair; `--arms` may choose another (record["arm_order"])
 
 # (label, summary key, format, ratio key)
 ROWS = (
@@ -40,37 +40,57 @@ def _arm_column(record: dict, arm: str) -> list[str]:
     return cells
 
 
+def arm_order(record: dict) -> tuple[str, str]:
+    """(baseline, candidate) arm names."""
+    base, cand = record.get("arm_order") or ARMS
+    return base, cand
+
+
+def _ratio_label(base: str, cand: str) -> str:
+    return "mega/stock" if (base, cand) == ARMS else f"{cand}/{base}"
+
+
 def table_rows(record: dict) -> list[list[str]]:
     ratios = (record.get("comparison") or {}).get("ratios_mega_over_stock") or {}
-    cols = {arm: _arm_column(record, arm) for arm in ARMS}
-    rows = [["metric", "stock", "mega_moe", "mega/stock"]]
+    base, cand = arm_order(record)
+    cols = {arm: _arm_column(record, arm) for arm in (base, cand)}
+    rows = [["metric", base, cand, _ratio_label(base, cand)]]
     for i, (label, _, _, rkey) in enumerate(ROWS):
-        rows.append([label, cols["stock"][i], cols["mega_moe"][i], _fmt(ratios.get(rkey), "{:.3f}") if rkey else ""])
-    rows.append(["steps logged / timed", cols["stock"][-1], cols["mega_moe"][-1], ""])
+        rows.append([label, cols[base][i], cols[cand][i], _fmt(ratios.get(rkey), "{:.3f}") if rkey else ""])
+    rows.append(["steps logged / timed", cols[base][-1], cols[cand][-1], ""])
     return rows
+
+
+def _title(record: dict) -> str:
+    base, cand = arm_order(record)
+    if (base, cand) == ARMS:
+        return "stock TorchTitan MoE vs mega_moe"
+    return f"{base} vs {cand} (one backend twice: the run-to-run noise floor)"
 
 
 def _notes(record: dict) -> list[str]:
     comp = record.get("comparison") or {}
     ld = comp.get("loss_diff") or {}
+    base, cand = arm_order(record)
     notes = []
     if comp.get("speedup"):
-        notes.append(f"speedup (stock step time / mega_moe step time): {comp['speedup']:.3f}x")
+        notes.append(f"speedup ({base} step time / {cand} step time): {comp['speedup']:.3f}x")
     if ld.get("n_steps"):
         same = ", identical" if ld.get("identical") else ""
         notes.append(
-            f"loss |mega_moe - stock| per step: max {_fmt(ld.get('max_abs'), '{:.5f}')} "
+            f"loss |{cand} - {base}| per step: max {_fmt(ld.get('max_abs'), '{:.5f}')} "
             f"(step {ld.get('max_abs_step')}), mean {_fmt(ld.get('mean_abs'), '{:.5f}')} "
             f"over {ld['n_steps']} steps{same} (losses as logged, 5 decimals)"
         )
         if ld.get("non_finite_steps"):
             notes.append(f"non-finite loss difference at steps {ld['non_finite_steps']}")
-    for arm in ARMS:
+    for arm in (base, cand):
         a = record["arms"].get(arm) or {}
         if a.get("settings"):
             notes.append(f"AC {arm}: {a['settings']['ac_saves']}")
     method = next(
-        ((record["arms"][a].get("summary") or {}).get("step_time_method") for a in ARMS if a in record["arms"]), None
+        ((record["arms"][a].get("summary") or {}).get("step_time_method") for a in (base, cand) if a in record["arms"]),
+        None,
     )
     if method:
         w = record["warmup"]
@@ -95,7 +115,7 @@ def format_table(record: dict) -> str:
     git = env.get("git") or {}
     commit = (git.get("commit") or "?")[:10] + (" (dirty)" if git.get("dirty") else "") if git else "n/a"
     lines = [
-        "titan-megamoe A/B: stock TorchTitan MoE vs mega_moe",
+        f"titan-megamoe A/B: {_title(record)}",
         f"config {record['config']}  steps {record['steps']}  warmup {record['warmup']}  nproc {record['nproc']}"
         f"  seed {record['seed']}  deterministic {record['deterministic']}",
         f"device {_device(env)}  torch {v.get('torch')}  triton {v.get('triton')}  torchtitan {v.get('torchtitan')}"
@@ -112,7 +132,7 @@ def format_table(record: dict) -> str:
 def format_markdown(record: dict) -> str:
     rows = table_rows(record)
     env = record["environment"]
-    md = ["# titan-megamoe A/B: stock vs mega_moe", ""]
+    md = [f"# titan-megamoe A/B: {_title(record)}", ""]
     md.append("| " + " | ".join(rows[0]) + " |")
     md.append("|" + "---|" * len(rows[0]))
     md.extend("| " + " | ".join(r) + " |" for r in rows[1:])
@@ -123,7 +143,7 @@ def format_markdown(record: dict) -> str:
         f"- seed: {record['seed']}, deterministic: {record['deterministic']}",
         f"- overrides (both arms): `{' '.join(record['overrides']) or '(none)'}`",
     ]
-    for arm in ARMS:
+    for arm in arm_order(record):
         a = record["arms"].get(arm)
         if not a:
             continue
