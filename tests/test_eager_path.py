@@ -9,20 +9,9 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import titan_megamoe
 import titan_megamoe.kernels.pipeline as pipeline
-from moe_cases import make_case
+from moe_cases import forward_backward, make_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest)
-
-
-def _leaves(case):
-    return [t.detach().requires_grad_(True) if t.is_floating_point() else t for t in case.inputs()]
-
-
-def _fwd_bwd(fn, case):
-    leaves = _leaves(case)
-    out = fn(*leaves)
-    out.float().square().sum().backward()
-    return [out.detach()] + [t.grad for t in leaves if t.is_floating_point()]
 
 
 def _via_custom_op(x, ids, s, w1, w2, w3):
@@ -36,8 +25,10 @@ def _via_moe(x, ids, s, w1, w2, w3):
 @pytest.mark.parametrize("routing", ["random", "one_expert"])
 def test_eager_path_equals_custom_op_bitwise(routing):
     case = make_case(37, 64, 32, 6, 3, routing=routing, device=DEVICE, seed=5)
-    for got, want in zip(_fwd_bwd(_via_moe, case), _fwd_bwd(_via_custom_op, case)):
-        assert torch.equal(got, want)
+    dout = torch.randn_like(case.x)
+    got, want = forward_backward(_via_moe, case, dout), forward_backward(_via_custom_op, case, dout)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
 
 
 @pytest.fixture
@@ -53,26 +44,24 @@ def forward_calls(monkeypatch):
     return calls
 
 
-def _sac_fwd_bwd(case, save_op: bool):
+def _sac_fwd_bwd(case, dout, save_op: bool):
     op = torch.ops.titan_megamoe.moe_forward.default
 
     def policy(ctx, func, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if save_op and func is op else CheckpointPolicy.PREFER_RECOMPUTE
 
-    leaves = _leaves(case)
     ctx_fn = functools.partial(create_selective_checkpoint_contexts, policy)
-    out = checkpoint(_via_moe, *leaves, use_reentrant=False, context_fn=ctx_fn)
-    out.float().square().sum().backward()
-    return [out.detach()] + [t.grad for t in leaves if t.is_floating_point()]
+    return forward_backward(lambda *a: checkpoint(_via_moe, *a, use_reentrant=False, context_fn=ctx_fn), case, dout)
 
 
 @pytest.mark.parametrize("save_op,expected_calls", [(True, 1), (False, 2)])
 def test_selective_checkpointing_sees_the_op(forward_calls, save_op, expected_calls):
     case = make_case(19, 64, 32, 4, 2, device=DEVICE, seed=7)
-    got = _sac_fwd_bwd(case, save_op)
+    dout = torch.randn_like(case.x)
+    got = _sac_fwd_bwd(case, dout, save_op)
     assert len(forward_calls) == expected_calls, "SAC must save (1 run) or recompute (2 runs) the fused op"
     forward_calls.clear()
-    want = _fwd_bwd(_via_moe, case)
+    want = forward_backward(_via_moe, case, dout)
     assert len(forward_calls) == 1, "plain eager runs the pipeline once"
-    for g, w in zip(got, want):
-        assert torch.equal(g, w)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key

@@ -31,14 +31,18 @@ class RoutingPlan(NamedTuple):
     ids_ok: torch.Tensor  # int32 [1]: 1 when every expert id was in range
 
 
+def _segment_sizes(num_rows: int, num_experts: int, block_m: int) -> tuple[int, ...]:
+    """Lengths of the RoutingPlan fields in the packed buffer, in order (the kernel writes this layout)."""
+    n_tiles = max_tiles(num_rows, num_experts, block_m)
+    return (num_rows, num_rows, num_experts + 1, n_tiles, n_tiles, 1)
+
+
 def packed_size(num_rows: int, num_experts: int, block_m: int) -> int:
-    return 2 * num_rows + num_experts + 1 + 2 * max_tiles(num_rows, num_experts, block_m) + 1
+    return sum(_segment_sizes(num_rows, num_experts, block_m))
 
 
 def unpack(packed: torch.Tensor, num_rows: int, num_experts: int, block_m: int) -> RoutingPlan:
-    n, e1, nt = num_rows, num_experts + 1, max_tiles(num_rows, num_experts, block_m)
-    sizes = (n, n, e1, nt, nt, 1)
-    return RoutingPlan(*torch.split(packed, sizes))
+    return RoutingPlan(*torch.split(packed, _segment_sizes(num_rows, num_experts, block_m)))
 
 
 @triton.jit
@@ -106,11 +110,11 @@ def build_routing_plan(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int
     # stable: within an expert, rows keep token order (the order stock TorchTitan uses). The ids are
     # sorted in their own dtype: an int64 -> int32 copy first would cost a launch while the GPU idles
     sorted_N, order_N = torch.sort(ids_N, stable=True)
-    packed = torch.empty(packed_size(n, num_experts, block_m), dtype=torch.int32, device=ids_N.device)
-    n_tiles = max_tiles(n, num_experts, block_m)
+    sizes = _segment_sizes(n, num_experts, block_m)
+    packed = torch.empty(sum(sizes), dtype=torch.int32, device=ids_N.device)
     _routing_meta_kernel[(1 + triton.cdiv(n, _BLOCK),)](
-        sorted_N, order_N, packed, n, num_experts, n_tiles, max(n, 1).bit_length(),
+        sorted_N, order_N, packed, n, num_experts, sizes[3], max(n, 1).bit_length(),
         BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_T=64, BLOCK=_BLOCK,
         num_warps=4,
     )
-    return packed, unpack(packed, n, num_experts, block_m)
+    return packed, RoutingPlan(*torch.split(packed, sizes))
