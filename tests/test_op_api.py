@@ -109,3 +109,9 @@ def test_fake_impl_gives_shapes_for_compile():
     # order + inverse (N each), offsets (E+1), tile expert + tile row (n_tiles each), the ids-in-range flag
     n_tiles = max_tiles(12, 4, row_block_m())
     assert out.shape == (6, 32) and g.shape == u.shape == (12, 16) and meta.shape == (2 * 12 + 5 + 2 * n_tiles + 1,)
+
+
+def test_triton_backend_names_unaligned_dims_and_the_fix():
+    case = make_case(5, 32, 24, 4, 2, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match=r"H \(expert hidden dim\) must be a multiple of 16, got 24; use backend='reference'"):
+        titan_megamoe.moe(*case.inputs(), backend="triton")

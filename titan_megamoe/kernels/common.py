@@ -49,6 +49,16 @@ def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl
     return expert, pid_n, rows, rows < row_end
 
 
+ROW_ALIGN = 16  # D and H: pointer loads (no TMA) need 16-element (32 B) aligned rows
+
+
+def check_row_alignment(where: str, dims: dict[str, int], hint: str = "") -> None:
+    """The one shape rule every kernel shares: D and H must be multiples of ROW_ALIGN."""
+    for name, v in dims.items():
+        if v % ROW_ALIGN != 0:
+            raise ValueError(f"{where}: {name} must be a multiple of {ROW_ALIGN}, got {v}{hint}")
+
+
 def interpret_flag() -> bool:
     return interpreting()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .combine import combine
+from .common import check_row_alignment
 from .configs import row_block_m
 from .dgrad_swiglu import dgrad_swiglu
 from .gemm1_swiglu import gemm1_swiglu
@@ -21,16 +22,11 @@ from .grouped_gemm import expert_down_proj, expert_input_grad
 from .routing_meta import build_routing_plan, unpack
 from .wgrad import expert_wgrad_w2, expert_wgrad_w13
 
-SUPPORTED_MULTIPLE = 16  # D and H: TMA-free pointer loads need 16-element (32 B) aligned rows
-
 
 def check_kernel_shapes(dim: int, hidden: int) -> None:
-    for name, v in (("D (model dim)", dim), ("H (expert hidden dim)", hidden)):
-        if v % SUPPORTED_MULTIPLE != 0:
-            raise ValueError(
-                f"titan_megamoe.moe: backend='triton' needs {name} to be a multiple of {SUPPORTED_MULTIPLE}, "
-                f"got {v}; use backend='reference' for this shape"
-            )
+    check_row_alignment("titan_megamoe.moe: backend='triton'",
+                        {"D (model dim)": dim, "H (expert hidden dim)": hidden},
+                        "; use backend='reference' for this shape")
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:

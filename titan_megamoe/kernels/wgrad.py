@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from .common import cast_rne
+from .common import cast_rne, check_row_alignment
 from .configs import tuned_entry
 
 # ------------------------------------------------------------------------------------------------
@@ -294,12 +294,6 @@ def _check_routing(order_N: torch.Tensor, offsets_E1: torch.Tensor, n_rows: int,
     return offsets_E1.numel() - 1
 
 
-def _check_dims(**dims: int) -> None:
-    for name, v in dims.items():
-        if v % 16:
-            raise ValueError(f"{name}={v} must be a multiple of 16 (64 or more recommended on the GPU)")
-
-
 def _launch_wgrad(
     a, a2, b, scale, order_N, offsets_E1, top_k, M, N, a_gather, b_gather, outs, cfg
 ) -> None:
@@ -382,7 +376,7 @@ def expert_wgrad_w2(
         if scale_N.numel() != n_rows:
             raise ValueError(f"scale_N has {scale_N.numel()} entries, expected N = {n_rows}")
     E = _check_routing(order_N, offsets_E1, n_rows, device)
-    _check_dims(D=D, H=H)
+    check_row_alignment("expert weight gradient", {"D": D, "H": H}, " (64 or more recommended on the GPU)")
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
     dw2 = _alloc_out(out, (E, D, H), out_dtype, device, "out")
@@ -421,7 +415,7 @@ def expert_wgrad_w13(
     if n_rows != T * top_k:
         raise ValueError(f"dg_NH has {n_rows} rows, expected T*top_k = {T}*{top_k}")
     E = _check_routing(order_N, offsets_E1, n_rows, device)
-    _check_dims(D=D, H=H)
+    check_row_alignment("expert weight gradient", {"D": D, "H": H}, " (64 or more recommended on the GPU)")
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
     out1, out3 = out if out is not None else (None, None)
