@@ -4,7 +4,14 @@
 For each case it builds one stock `torchtitan.models.moe.MoE` (bf16, on the GPU), a copy swapped to
 the fused backend, checks the fused output and every gradient against stock (before timing), then
 times forward and forward+backward of both layers in the same process with CUDA events (median of
---iters after --warmup runs), and records peak memory of forward+backward. TFLOP/s use the peers'
+--iters after --warmup runs), and records peak memory of forward+backward.
+
+Two timings per measurement, both with CUDA events around each call:
+  synchronised   the GPU is idle when each call starts, so the call's host launch latency up to its
+                 first long kernel is in the time (an upper bound; a lone layer with nothing queued);
+  back-to-back   calls queue behind each other with one synchronisation at the end (the method of
+                 triton.testing.do_bench): the host runs ahead as it does in a training step, so the
+                 time is the GPU's, plus any gap where the host could not keep up. TFLOP/s use the peers'
 convention (fwd 6*T*K*D*H, fwd+bwd 18*T*K*D*H). Writes JSON (GPU, versions, commit, date, every
 timing) to --out, and prints a table last.
 
@@ -98,6 +105,20 @@ def time_ms(fn, warmup, iters):
     return statistics.median(times), times
 
 
+def time_back_to_back_ms(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = [start.elapsed_time(end) for start, end in events]
+    return statistics.median(times), times
+
+
 def peak_mem_gib(fn, layer):
     """Peak memory of fn above what is allocated before it (inputs, weights), gradients freed first."""
     layer.zero_grad(set_to_none=True)
@@ -144,6 +165,8 @@ def bench_case(name, warmup, iters, with_sac):
         fb = lambda: run_fwd_bwd(layer, x, dout)  # noqa: E731
         res[f"{arm}_fwd_ms"], res[f"{arm}_fwd_all"] = time_ms(fwd, warmup, iters)
         res[f"{arm}_fwdbwd_ms"], res[f"{arm}_fwdbwd_all"] = time_ms(fb, warmup, iters)
+        res[f"{arm}_fwd_b2b_ms"], res[f"{arm}_fwd_b2b_all"] = time_back_to_back_ms(fwd, warmup, iters)
+        res[f"{arm}_fwdbwd_b2b_ms"], res[f"{arm}_fwdbwd_b2b_all"] = time_back_to_back_ms(fb, warmup, iters)
         res[f"{arm}_fwdbwd_peak_gib"] = peak_mem_gib(fb, layer)
     if with_sac:
         from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
@@ -160,6 +183,8 @@ def bench_case(name, warmup, iters, with_sac):
         for arm in ("stock", "fused"):
             res[f"{arm}_{kind}_tflops"] = fl / (res[f"{arm}_{kind}_ms"] * 1e-3) / 1e12
         res[f"{kind}_speedup"] = res[f"stock_{kind}_ms"] / res[f"fused_{kind}_ms"]
+        res[f"{kind}_b2b_speedup"] = res[f"stock_{kind}_b2b_ms"] / res[f"fused_{kind}_b2b_ms"]
+        res[f"fused_{kind}_b2b_tflops"] = fl / (res[f"fused_{kind}_b2b_ms"] * 1e-3) / 1e12
     del stock, fused
     torch.cuda.empty_cache()
     return res
@@ -209,6 +234,9 @@ def main():
               f"{r['fused_fwd_tflops']:>6.0f}{r['stock_fwdbwd_ms']:>10.2f}{r['fused_fwdbwd_ms']:>10.2f}"
               f"{r['fwdbwd_speedup']:>6.2f}{r['fused_fwdbwd_tflops']:>6.0f}"
               f"{r['stock_fwdbwd_peak_gib']:>7.2f}/{r['fused_fwdbwd_peak_gib']:.2f}")
+        print(f"{'  back-to-back':<16}{r['stock_fwd_b2b_ms']:>10.2f}{r['fused_fwd_b2b_ms']:>10.2f}"
+              f"{r['fwd_b2b_speedup']:>6.2f}{r['fused_fwd_b2b_tflops']:>6.0f}{r['stock_fwdbwd_b2b_ms']:>10.2f}"
+              f"{r['fused_fwdbwd_b2b_ms']:>10.2f}{r['fwdbwd_b2b_speedup']:>6.2f}{r['fused_fwdbwd_b2b_tflops']:>6.0f}")
         if "stock_sac_fwdbwd_ms" in r:
             print(f"{'  op-SAC':<16} stock {r['stock_sac_fwdbwd_ms']:.2f} ms {r['stock_sac_peak_gib']:.2f} GiB | fused "
                   f"recompute {r['fused_sac_recompute_fwdbwd_ms']:.2f} ms {r['fused_sac_recompute_peak_gib']:.2f} GiB"

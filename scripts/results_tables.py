@@ -45,6 +45,12 @@ def bench_section(path: Path) -> list[str]:
             f"| {r['fwdbwd_speedup']:.2f} | {r['fused_fwdbwd_tflops']:.0f} "
             f"| {r['stock_fwdbwd_peak_gib']:.2f} / {r['fused_fwdbwd_peak_gib']:.2f} "
             f"| {max(r['rel_l2_vs_stock'].values()):.1e} |")
+        if "stock_fwd_b2b_ms" in r:  # runs since the back-to-back timing was added
+            lines.append(
+                f"| {r['case']}, back-to-back | {r['stock_fwd_b2b_ms']:.2f} | {r['fused_fwd_b2b_ms']:.2f} "
+                f"| {r['fwd_b2b_speedup']:.2f} | {r['fused_fwd_b2b_tflops']:.0f} | {r['stock_fwdbwd_b2b_ms']:.2f} "
+                f"| {r['fused_fwdbwd_b2b_ms']:.2f} | {r['fwdbwd_b2b_speedup']:.2f} | {r['fused_fwdbwd_b2b_tflops']:.0f} "
+                "| | |")
         if "stock_sac_fwdbwd_ms" in r:
             sac.append(f"| {r['case']} | {r['stock_sac_fwdbwd_ms']:.2f} / {r['stock_sac_peak_gib']:.2f} "
                        f"| {r['fused_sac_recompute_fwdbwd_ms']:.2f} / {r['fused_sac_recompute_peak_gib']:.2f} "

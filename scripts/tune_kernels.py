@@ -41,7 +41,11 @@ ROW_CANDIDATES = {
 # dSwiGLU epilogue, where 8 warps spill: the way to amortise each gathered dout tile over 256 columns
 ROW_CANDIDATES["dgrad_swiglu"] = [(M, 64, 64, 8, 4), (M, 64, 64, 8, 3), (M, 128, 64, 16, 3), (M, 128, 64, 16, 4),
                                   (M, 128, 32, 16, 4), (M, 64, 64, 16, 4)]
-ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"]
+ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"] + [(M, 256, 32, 8, 4, True), (M, 256, 64, 8, 3, True),
+                                                  (M, 128, 64, 8, 4, True)]
+# the last field: weight tiles (and contiguous A rows) through TMA descriptors
+ROW_CANDIDATES["gemm1_swiglu"] += [(M, 128, 64, 8, 3, True), (M, 128, 64, 8, 4, True), (M, 128, 32, 8, 4, True)]
+ROW_CANDIDATES["gemm2"] += [(M, 256, 64, 8, 3, True), (M, 256, 64, 8, 4, True), (M, 128, 64, 8, 4, True)]
 WGRAD_CANDIDATES = [  # the gathered row index costs the pipeliner a stage: 5 stages give 3 data buffers
     dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
@@ -91,9 +95,20 @@ FLOPS_PER_NDH = {"gemm1_swiglu": 4, "gemm2": 2, "dgrad_swiglu": 2, "dx": 4, "wgr
 
 
 def bench(fn):
-    fn()  # compile
+    """(median ms, the outputs of the first call): a candidate is only timed with its result kept."""
+    out = fn()  # compiles
     torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), outs
+
+
+# candidates differ in summation order only: more than this relative L2 difference from the kernel's
+# first candidate means a wrong kernel, which must not win on speed
+MAX_REL_DIFF = 1e-2
+
+
+def rel_diff(got, ref) -> float:
+    return max(((g.float() - r.float()).norm() / r.float().norm().clamp_min(1e-30)).item() for g, r in zip(got, ref))
 
 
 def merge_run(run: dict) -> None:
@@ -133,6 +148,7 @@ def main():
              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "shape": a.shape, "runs": []}
     for kernel in a.kernels:
         results = []
+        first_outs = None
         cands = ROW_CANDIDATES.get(kernel) or WGRAD_CANDIDATES
         for cand in cands:
             t0 = time.time()
@@ -140,11 +156,16 @@ def main():
                 if kernel in ROW_CANDIDATES:
                     cfg = TileConfig(*cand)
                     with override_tile_config(kernel, cfg):
-                        ms = bench(row_call(kernel, p))
+                        ms, outs = bench(row_call(kernel, p))
                 else:
-                    ms = bench(wgrad_call(kernel.split("_")[1], p, cand))
+                    ms, outs = bench(wgrad_call(kernel.split("_")[1], p, cand))
             except Exception as e:  # a config can exceed shared memory or registers: skip it, say so
                 print(f"  {kernel} {cand}: failed ({type(e).__name__}: {str(e)[:80]})", flush=True)
+                continue
+            first_outs = first_outs or outs
+            if (diff := rel_diff(outs, first_outs)) > MAX_REL_DIFF:
+                print(f"  {kernel} {cand}: failed (result differs from the first candidate's, rel. L2 {diff:.1e})",
+                      flush=True)
                 continue
             tf = FLOPS_PER_NDH[kernel] * nflop / ms / 1e9
             results.append((ms, cand))

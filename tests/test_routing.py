@@ -59,10 +59,12 @@ def test_routing_kernel_matches_torch_routing(routing, T, E, K, block_m):
     assert int(plan.ids_ok) == 1
 
 
-@pytest.mark.parametrize("bad_id", [-1, 4, 100])
-def test_routing_kernel_flags_out_of_range_ids(bad_id):
+# 2**16 + 1 and -2**16 would wrap to valid ids in the int16 sort keys without the clamp
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("bad_id", [-1, 4, 100, 2**16 + 1, -(2**16)])
+def test_routing_kernel_flags_out_of_range_ids(bad_id, dtype):
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
-    ids = torch.tensor([[0, 1], [2, 3], [1, bad_id]], device=DEVICE)
+    ids = torch.tensor([[0, 1], [2, 3], [1, bad_id]], device=DEVICE, dtype=dtype)
     _, plan = build_routing_plan(ids, 4, 16)
     assert int(plan.ids_ok) == 0

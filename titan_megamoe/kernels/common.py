@@ -10,6 +10,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .configs import interpreting
 
@@ -57,6 +58,19 @@ def check_row_alignment(where: str, dims: dict[str, int], hint: str = "") -> Non
     for name, v in dims.items():
         if v % ROW_ALIGN != 0:
             raise ValueError(f"{where}: {name} must be a multiple of {ROW_ALIGN}, got {v}{hint}")
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors can cover these tensors: row-major with 16-byte aligned rows and base
+    (the kernels fall back to pointer loads otherwise, e.g. for a strided weight view)."""
+    return all(t.is_contiguous() and (t.shape[-1] * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+               for t in tensors)
+
+
+def matrix_descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+    """TMA descriptor over t viewed as a matrix [prod(leading dims), last dim]: a per-expert weight
+    [E, R, C] becomes [E*R, C], so expert e's rows start at e*R."""
+    return TensorDescriptor.from_tensor(t.reshape(-1, t.shape[-1]), block_shape)
 
 
 def interpret_flag() -> bool:

@@ -23,6 +23,7 @@ class TileConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    tma: bool = False  # weight (and contiguous-row) operands through TMA descriptors instead of pointer loads
 
 
 KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")

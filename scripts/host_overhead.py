@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Host time per call of each stage of the MoE layer forward, stock and fused (needs a CUDA GPU).
+
+A synchronised layer call cannot start its first long kernel before the host has issued everything in
+front of it, so host time before GEMM1 shows up as GPU idle time (scripts/profile_layer.py finds it).
+This script measures that host time directly: at a small token count the kernels are short, the GPU
+keeps up with the host, and wall time per call is the host's cost. Stages are timed alone, then the
+whole layer. Prints microseconds per call (median of --repeats blocks of --calls calls) and writes JSON.
+
+    python scripts/host_overhead.py --tokens 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_layer import build_layers, environment  # noqa: E402
+
+
+def host_us(fn, calls, repeats):
+    fn()
+    torch.cuda.synchronize()
+    blocks = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        blocks.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(blocks)
+
+
+def stages(stock, fused, x):
+    import triton
+    import triton.language as tl
+
+    from titan_megamoe.kernels.combine import combine
+    from titan_megamoe.kernels.configs import row_block_m
+    from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
+    from titan_megamoe.kernels.grouped_gemm import expert_down_proj
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+    from titan_megamoe.ops import moe
+
+    @triton.jit
+    def _empty_kernel(p, n, BLOCK: tl.constexpr):
+        tl.store(p + tl.arange(0, BLOCK), 0, mask=tl.arange(0, BLOCK) < n)
+
+    T, D = x.shape[-2:]
+    x2 = x.view(-1, D)
+    scores, ids, _ = stock.router(x2, stock.expert_bias)
+    E = stock.experts.w1.shape[0]
+    K = ids.shape[1]
+    w1, w2, w3 = (p.data for p in (fused.experts.w1, fused.experts.w2, fused.experts.w3))
+    _, plan = build_routing_plan(ids, E, row_block_m())
+    g, u, h = gemm1_swiglu(x2, w1, w3, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, K)
+    y = expert_down_proj(h, w2, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1)
+    s32 = scores.float()
+    scratch = torch.empty(16, device="cuda", dtype=torch.int32)
+    x_req = x.detach().requires_grad_(True)
+    xs_req = x2.detach().requires_grad_(True)
+    return {
+        "torch.empty (reference point)": lambda: torch.empty(16, device="cuda"),
+        "empty Triton kernel launch": lambda: _empty_kernel[(1,)](scratch, 16, BLOCK=16),
+        "router (stock code, both arms)": lambda: stock.router(x2, stock.expert_bias),
+        "routing plan (sort + routing_meta)": lambda: build_routing_plan(ids, E, row_block_m()),
+        "gemm1_swiglu launch": lambda: gemm1_swiglu(x2, w1, w3, plan.order_N, plan.tile_expert, plan.tile_row,
+                                                    plan.offsets_E1, K),
+        "gemm2 launch": lambda: expert_down_proj(h, w2, plan.order_N, plan.tile_expert, plan.tile_row,
+                                                 plan.offsets_E1),
+        "combine launch": lambda: combine(y, s32, K, torch.bfloat16),
+        "titan_megamoe.moe, no grad": lambda: _no_grad(moe, x2, ids, scores, w1, w2, w3),
+        "titan_megamoe.moe, autograd": lambda: moe(xs_req, ids, scores, w1, w2, w3),
+        "stock MoE layer forward": lambda: stock(x_req),
+        "fused MoE layer forward": lambda: fused(x_req),
+    }
+
+
+def _no_grad(fn, *args):
+    with torch.no_grad():
+        return fn(*args)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--shape", nargs=4, type=int, metavar=("D", "H", "E", "K"), default=[2048, 768, 128, 8])
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out", default="docs/results")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("host_overhead.py needs a CUDA GPU")
+    D, H, E, K = a.shape
+    stock, fused, x = build_layers(a.tokens, D, H, E, K, "softmax")
+    rows = {name: host_us(fn, a.calls, a.repeats) for name, fn in stages(stock, fused, x).items()}
+    env = environment()
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"host_overhead_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json")
+    with open(path, "w") as f:
+        json.dump({"environment": env, "tokens": a.tokens, "shape": a.shape, "host_us_per_call": rows}, f, indent=1)
+    print(f"wrote {path}\n{env['gpu']}  torch {env['torch']}  commit {env['commit']}  T={a.tokens} D,H,E,K={a.shape}")
+    for name, us in rows.items():
+        print(f"{name:<40}{us:>9.1f} us/call")
+
+
+if __name__ == "__main__":
+    main()
