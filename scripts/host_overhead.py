@@ -96,6 +96,8 @@ def main():
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default="docs/results")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="ROWS",
+                    help="also profile the fused layer forward's Python with cProfile, print ROWS functions")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead.py needs a CUDA GPU")
@@ -110,6 +112,19 @@ def main():
     print(f"wrote {path}\n{env['gpu']}  torch {env['torch']}  commit {env['commit']}  T={a.tokens} D,H,E,K={a.shape}")
     for name, us in rows.items():
         print(f"{name:<40}{us:>9.1f} us/call")
+    if a.cprofile:
+        import cProfile
+        import pstats
+
+        x_req = x.detach().requires_grad_(True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(a.calls):
+            fused(x_req)
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"\ncProfile of {a.calls} fused layer forwards (tottime = time in the function itself):")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(a.cprofile)
 
 
 if __name__ == "__main__":
