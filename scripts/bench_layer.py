@@ -2,7 +2,8 @@
 """Per-layer benchmark: TorchTitan 0.2.2's stock MoE layer vs the mega_moe layer, same weights and tokens.
 
 For each case it builds one stock `torchtitan.models.moe.MoE` (bf16, on the GPU), a copy swapped to
-the fused backend, checks the fused output and every gradient against stock (before timing), then
+the fused backend (fused router and expert kernels; a third arm, `fused_stock_router`, keeps
+TorchTitan's router module so the experts' share of the gain shows on its own), checks the fused output and every gradient against stock (before timing), then
 times forward and forward+backward of both layers in the same process with CUDA events (median of
 --iters after --warmup runs), and records peak memory of forward+backward.
 
@@ -65,6 +66,14 @@ def build_layers(T, D, H, E, K, routing, seed=0):
     swap_moe_layers(fused, "bf16", "triton")
     x = torch.randn(1, T, D, device="cuda", dtype=torch.bfloat16)
     return stock, fused, x
+
+
+def with_stock_router(fused):
+    """The fused layer with TorchTitan's router module in place of the fused router (mega_moe.fused_router
+    = false): isolates what the expert kernels alone gain."""
+    layer = copy.deepcopy(fused)
+    layer.fused_router = False
+    return layer
 
 
 def run_fwd_bwd(layer, x, dout):
@@ -160,7 +169,7 @@ def bench_case(name, warmup, iters, with_sac):
     res = {"case": name, "T": T, "D": D, "H": H, "E": E, "K": K, "routing": routing, "rel_l2_vs_stock": rel,
            "rows_per_expert": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.float().mean())}}
     x_req = x.detach().requires_grad_(True)
-    for arm, layer in (("stock", stock), ("fused", fused)):
+    for arm, layer in (("stock", stock), ("fused", fused), ("fused_stock_router", with_stock_router(fused))):
         fwd = lambda: layer(x_req)  # noqa: E731 - training-mode forward: autograd records residuals
         fb = lambda: run_fwd_bwd(layer, x, dout)  # noqa: E731
         res[f"{arm}_fwd_ms"], res[f"{arm}_fwd_all"] = time_ms(fwd, warmup, iters)
@@ -237,6 +246,9 @@ def main():
         print(f"{'  back-to-back':<16}{r['stock_fwd_b2b_ms']:>10.2f}{r['fused_fwd_b2b_ms']:>10.2f}"
               f"{r['fwd_b2b_speedup']:>6.2f}{r['fused_fwd_b2b_tflops']:>6.0f}{r['stock_fwdbwd_b2b_ms']:>10.2f}"
               f"{r['fused_fwdbwd_b2b_ms']:>10.2f}{r['fwdbwd_b2b_speedup']:>6.2f}{r['fused_fwdbwd_b2b_tflops']:>6.0f}")
+        print(f"{'  stock router':<16}{'':>10}{r['fused_stock_router_fwd_ms']:>10.2f}"
+              f"{r['stock_fwd_ms'] / r['fused_stock_router_fwd_ms']:>6.2f}{'':>6}{'':>10}"
+              f"{r['fused_stock_router_fwdbwd_ms']:>10.2f}{r['stock_fwdbwd_ms'] / r['fused_stock_router_fwdbwd_ms']:>6.2f}")
         if "stock_sac_fwdbwd_ms" in r:
             print(f"{'  op-SAC':<16} stock {r['stock_sac_fwdbwd_ms']:.2f} ms {r['stock_sac_peak_gib']:.2f} GiB | fused "
                   f"recompute {r['fused_sac_recompute_fwdbwd_ms']:.2f} ms {r['fused_sac_recompute_peak_gib']:.2f} GiB"

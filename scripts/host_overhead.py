@@ -49,6 +49,7 @@ def stages(stock, fused, x):
     from titan_megamoe.kernels.grouped_gemm import expert_down_proj
     from titan_megamoe.kernels.routing_meta import build_routing_plan
     from titan_megamoe.ops import moe
+    from titan_megamoe.router import topk_route
 
     @triton.jit
     def _empty_kernel(p, n, BLOCK: tl.constexpr):
@@ -70,7 +71,8 @@ def stages(stock, fused, x):
     return {
         "torch.empty (reference point)": lambda: torch.empty(16, device="cuda"),
         "empty Triton kernel launch": lambda: _empty_kernel[(1,)](scratch, 16, BLOCK=16),
-        "router (stock code, both arms)": lambda: stock.router(x2, stock.expert_bias),
+        "stock router": lambda: stock.router(x2, stock.expert_bias),
+        "fused router (gate + topk_route)": lambda: topk_route(stock.router.gate(x2), stock.expert_bias, K),
         "routing plan (sort + routing_meta)": lambda: build_routing_plan(ids, E, row_block_m()),
         "gemm1_swiglu launch": lambda: gemm1_swiglu(x2, w1, w3, plan.order_N, plan.tile_expert, plan.tile_row,
                                                     plan.offsets_E1, K),

@@ -51,6 +51,13 @@ def bench_section(path: Path) -> list[str]:
                 f"| {r['fwd_b2b_speedup']:.2f} | {r['fused_fwd_b2b_tflops']:.0f} | {r['stock_fwdbwd_b2b_ms']:.2f} "
                 f"| {r['fused_fwdbwd_b2b_ms']:.2f} | {r['fwdbwd_b2b_speedup']:.2f} | {r['fused_fwdbwd_b2b_tflops']:.0f} "
                 "| | |")
+        if "fused_stock_router_fwd_ms" in r:  # the fused experts behind TorchTitan's router module
+            fr, fb = r["fused_stock_router_fwd_ms"], r["fused_stock_router_fwdbwd_ms"]
+            lines.append(
+                f"| {r['case']}, fused experts + stock router | {r['stock_fwd_ms']:.2f} | {fr:.2f} "
+                f"| {r['stock_fwd_ms'] / fr:.2f} | | {r['stock_fwdbwd_ms']:.2f} | {fb:.2f} "
+                f"| {r['stock_fwdbwd_ms'] / fb:.2f} | | {r['stock_fwdbwd_peak_gib']:.2f} / "
+                f"{r['fused_stock_router_fwdbwd_peak_gib']:.2f} | |")
         if "stock_sac_fwdbwd_ms" in r:
             sac.append(f"| {r['case']} | {r['stock_sac_fwdbwd_ms']:.2f} / {r['stock_sac_peak_gib']:.2f} "
                        f"| {r['fused_sac_recompute_fwdbwd_ms']:.2f} / {r['fused_sac_recompute_peak_gib']:.2f} "

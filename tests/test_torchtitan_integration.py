@@ -66,6 +66,7 @@ def test_config_section_and_defaults():
     c = parse()
     assert (c.mega_moe.enable, c.mega_moe.precision, c.mega_moe.backend, c.mega_moe.save_under_sac) == (
         False, "bf16", "auto", False)
+    assert c.mega_moe.fused_router and not parse("--mega_moe.no-fused-router").mega_moe.fused_router
     c = parse("--mega_moe.enable", "--mega_moe.precision", "fp8", "--mega_moe.backend", "reference",
               "--mega_moe.save_under_sac")
     assert (c.mega_moe.enable, c.mega_moe.precision, c.mega_moe.backend, c.mega_moe.save_under_sac) == (
@@ -228,6 +229,44 @@ def test_swapped_layer_matches_stock_bitwise(cpu_moe_ops, dtype):
         assert torch.equal(p.grad, grads[name].grad), name
     assert torch.equal(stock.tokens_per_expert, mega.tokens_per_expert)
     assert stock.tokens_per_expert.sum() == 3 * 64 * 2
+
+
+@pytest.mark.parametrize("fused_router", [True, False])
+def test_triton_layer_with_fused_router_matches_stock(cpu_moe_ops, monkeypatch, fused_router):
+    """The whole swapped layer on the Triton kernels (GPU, or the interpreter on CPU): with fused_router
+    the router math after the gate is the fused kernel; routing, load-balancing counts and every gradient
+    agree with stock's layer (bf16, so values within bf16 rounding, counts exactly)."""
+    from titan_megamoe.integrations.torchtitan import modules
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    calls = []
+    real = modules.topk_route
+    monkeypatch.setattr(modules, "topk_route", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(1)
+    args = registry.tiny_flavor()
+    stock = MoE(args.moe_args, dim=args.dim, hidden_dim=args.moe_inter_dim)
+    with torch.no_grad():
+        stock.init_weights(0.02, torch.device("cpu"))
+        stock.expert_bias.uniform_(-0.01, 0.01)
+    stock = stock.to(dev, torch.bfloat16)
+    stock.expert_bias, stock.tokens_per_expert = stock.expert_bias.float(), stock.tokens_per_expert.float()
+    mega = copy.deepcopy(stock)
+    holder = torch.nn.Module()
+    holder.moe = mega
+    swap_moe_layers(holder, "bf16", "triton", fused_router=fused_router)
+    x = torch.randn(2, 48, args.dim, device=dev, dtype=torch.bfloat16)
+    dout = torch.randn_like(x)
+    outs = []
+    for m in (stock, mega):
+        xi = x.clone().requires_grad_()
+        y = m(xi)
+        y.backward(dout)
+        outs.append({"out": y, "dx": xi.grad, **{n: p.grad for n, p in m.named_parameters()}})
+    assert len(calls) == (1 if fused_router else 0)
+    assert torch.equal(stock.tokens_per_expert, mega.tokens_per_expert)
+    for name, ref in outs[0].items():
+        err = ((outs[1][name].float() - ref.float()).norm() / ref.float().norm()).item()
+        assert err < 2e-2, f"{name}: relative L2 {err:.2e} against stock"
 
 
 def test_dcp_checkpoint_round_trip_stock_mega_stock(tmp_path):

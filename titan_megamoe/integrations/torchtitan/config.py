@@ -30,6 +30,9 @@ class MegaMoE:
     backend: str = "auto"
     """auto | triton | reference. auto: the fused Triton kernels on CUDA, the pure-PyTorch reference (stock's rounding) elsewhere."""
 
+    fused_router: bool = True
+    """With the Triton backend: the router's softmax/sigmoid, expert bias, top-k and normalisation in one kernel (same math as stock; ties to the lowest expert id). false = TorchTitan's router module."""
+
     save_under_sac: bool = False
     """Under op-level SAC: false = the fused op is recomputed in backward like stock's grouped GEMMs; true = its outputs are saved."""
 

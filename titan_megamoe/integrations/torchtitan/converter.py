@@ -80,7 +80,7 @@ def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
         save_list.discard(op)
 
 
-def swap_moe_layers(model: nn.Module, precision: str, backend: str) -> int:
+def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router: bool = True) -> int:
     """Swap every stock MoE (and its GroupedExperts) in place; return how many were swapped."""
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoE)]
     if not layers:
@@ -99,6 +99,7 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str) -> int:
         m.experts.__class__ = MegaGroupedExperts
         m.experts.precision = precision
         m.experts.backend = backend
+        m.fused_router = fused_router
     return len(layers)
 
 
@@ -119,14 +120,15 @@ class MegaMoEConverter:
     def __init__(self, job_config, parallel_dims):
         self.precision, self.backend = check_job(job_config, parallel_dims)
         self.save_under_sac = bool(job_config.mega_moe.save_under_sac)
+        self.fused_router = bool(job_config.mega_moe.fused_router)
         self.model_name = job_config.model.name
         self.ac_note = _ac_note(job_config.activation_checkpoint, self.backend, self.save_under_sac)
 
     def convert(self, model: nn.Module) -> None:
-        n = swap_moe_layers(model, self.precision, self.backend)
+        n = swap_moe_layers(model, self.precision, self.backend, self.fused_router)
         set_sac_policy(self.save_under_sac, self.model_name)
         logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
-                    f"backend={self.backend}, {self.ac_note}")
+                    f"backend={self.backend}, fused_router={self.fused_router}, {self.ac_note}")
 
     def post_optimizer_hook(self, model) -> None:
         pass

@@ -6,9 +6,14 @@ parameter, buffer, FQN (`moe.experts.w1/w2/w3`, `moe.router.gate.weight`, `moe.e
 `isinstance(..., MoE)` and skip `experts` by name) and the FLOP count stay exactly as stock.
 
 Stock MoE.forward: router -> histc/argsort reorder -> gather -> 3 grouped GEMMs -> scatter -> fp32 bmm
-with the scores. MegaMoE.forward keeps the router, the `tokens_per_expert` accounting and the shared
-experts, and hands (x, top-k ids, top-k scores) to the experts module, which does routing, GEMMs and
-the weighted combine in one op. Calling through `self.experts` keeps FSDP's hooks on that module.
+with the scores. MegaMoE.forward keeps the router's gate, the `tokens_per_expert` accounting and the
+shared experts, and hands (x, top-k ids, top-k scores) to the experts module, which does routing, GEMMs
+and the weighted combine in one op. Calling through `self.experts` keeps FSDP's hooks on that module.
+
+With the fused kernels (`fused_router`, on by default) the router's math after the gate GEMM runs as one
+Triton launch (`titan_megamoe.router`); the stock router module runs instead under torch.compile or a
+dispatch mode (op-level SAC), for node-limited routing and for the debug balanced routing, and on the
+reference backend.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import torch
 from torch.distributed.tensor import DTensor
 from torchtitan.models.moe.moe import GroupedExperts, MoE
 
+from ...ops import _op_must_be_visible, resolve_backend
 from ...ops import moe as fused_moe
+from ...router import topk_route
 
 
 class MegaGroupedExperts(GroupedExperts):
@@ -49,18 +56,34 @@ class MegaMoE(MoE):
     """MoE with the routed experts fused: no reorder, gather, scatter or separate combine."""
 
     experts: MegaGroupedExperts
+    fused_router: bool = True
+
+    def _router_is_fusable(self, x_TD: torch.Tensor) -> bool:
+        r = self.router
+        return (self.fused_router and r.num_expert_groups is None and not r._debug_force_load_balance
+                and r.num_experts <= 256 and resolve_backend(self.experts.backend, x_TD.device) == "triton"
+                and not _op_must_be_visible())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bs, slen, dim = x.shape
         x_TD = x.view(-1, dim)
 
-        top_scores_TK, topk_ids_TK, num_tokens_per_expert = self.router(x_TD, self.expert_bias)
+        num_tokens_per_expert = None
+        if self._router_is_fusable(x_TD):
+            r = self.router
+            top_scores_TK, topk_ids_TK = topk_route(r.gate(x_TD), self.expert_bias, r.top_k, r.score_func,
+                                                    r.route_norm, r.route_scale)
+        else:
+            top_scores_TK, topk_ids_TK, num_tokens_per_expert = self.router(x_TD, self.expert_bias)
 
         out_TD = self.experts(x_TD, topk_ids_TK, top_scores_TK)
 
-        # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them); updated
-        # after the experts are launched so that this launch is not on the GPU's critical path
+        # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them); counted
+        # and updated after the experts are launched so that neither launch is on the GPU's critical path
         with torch.no_grad():
+            if num_tokens_per_expert is None:
+                E = self.router.num_experts
+                num_tokens_per_expert = torch.histc(topk_ids_TK.view(-1), bins=E, min=0, max=E)
             self.tokens_per_expert.add_(num_tokens_per_expert)
 
         if self.shared_experts is not None:

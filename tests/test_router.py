@@ -1,0 +1,101 @@
+"""The fused router (`titan_megamoe.topk_route`) against TorchTitan 0.2.2's own router.
+
+On CPU the kernel runs in Triton's interpreter; on a GPU compiled. Same chosen experts per token (as
+sets: stock's top-k order is unspecified), the same scores at each chosen expert, and the same gradient
+of the gate weight, for softmax and sigmoid scoring, with and without expert bias and route_norm.
+"""
+
+import pytest
+import torch
+
+from titan_megamoe.router import router_reference, topk_route
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _histc_on_cpu(monkeypatch):
+    """The stock router counts tokens with torch.histc(int64), which CPU lacks: the same wrapper the
+    CPU training path installs (titan_megamoe.integrations.torchtitan.cpu)."""
+    from titan_megamoe.integrations.torchtitan.cpu import histc_int_cpu
+
+    monkeypatch.setattr(torch, "histc", histc_int_cpu(torch.histc))
+
+
+def _by_id(scores, ids):
+    """Scores and ids re-ordered by id within each token, so unordered top-k sets compare."""
+    ids_sorted, order = ids.sort(dim=1)
+    return scores.gather(1, order), ids_sorted
+
+
+def _stock_router(D, E, K, score_func, route_norm, route_scale):
+    from torchtitan.models.moe.moe import TokenChoiceTopKRouter
+
+    r = TokenChoiceTopKRouter(dim=D, num_experts=E, num_expert_groups=None, num_limited_groups=None, top_k=K,
+                              score_func=score_func, route_norm=route_norm, route_scale=route_scale, gate_bias=False)
+    torch.nn.init.normal_(r.gate.weight, std=0.5)
+    return r.to(DEVICE)
+
+
+@pytest.mark.parametrize("score_func", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("route_norm,route_scale", [(True, 1.0), (False, 2.5)])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("T,D,E,K", [(37, 32, 8, 2), (1, 16, 60, 4), (3, 16, 128, 8), (65, 32, 256, 16),
+                                     (20, 16, 5, 5)])
+def test_fused_router_matches_torchtitan_router(score_func, route_norm, route_scale, with_bias, T, D, E, K):
+    torch.manual_seed(T * E + K)
+    stock = _stock_router(D, E, K, score_func, route_norm, route_scale)
+    x = torch.randn(T, D, device=DEVICE)
+    bias = (torch.randn(E, device=DEVICE) * 0.05) if with_bias else None
+
+    s_ref, ids_ref, _ = stock(x, bias)
+    logits = stock.gate(x)
+    s_got, ids_got = topk_route(logits, bias, K, score_func, route_norm, route_scale)
+    assert ids_got.dtype == torch.int64 and s_got.dtype == torch.float32 and s_got.shape == (T, K)
+    s_ref, ids_ref = _by_id(s_ref, ids_ref)
+    s_got_sorted, ids_got_sorted = _by_id(s_got, ids_got)
+    assert torch.equal(ids_got_sorted, ids_ref)
+    torch.testing.assert_close(s_got_sorted, s_ref, rtol=2e-6, atol=1e-7)
+    # ids come out in descending order of p + bias
+    p = torch.softmax(logits.float(), 1) if score_func == "softmax" else torch.sigmoid(logits.float())
+    choice = (p if bias is None else p + bias).gather(1, ids_got)
+    assert (choice[:, :-1] >= choice[:, 1:]).all()
+
+    # gradient into the gate weight through the scores, with a weight per (token, k) that follows the id
+    w_TE = torch.randn(T, E, device=DEVICE)
+    grads = []
+    for s, ids in ((stock(x, bias)[0], stock(x, bias)[1]), topk_route(stock.gate(x), bias, K, score_func,
+                                                                      route_norm, route_scale)):
+        stock.gate.weight.grad = None
+        (s * w_TE.gather(1, ids)).sum().backward()
+        grads.append(stock.gate.weight.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+
+
+def test_reference_is_stock_math():
+    torch.manual_seed(0)
+    stock = _stock_router(32, 16, 4, "softmax", True, 1.0)
+    x = torch.randn(50, 32, device=DEVICE)
+    bias = torch.randn(16, device=DEVICE) * 0.05
+    s_ref, ids_ref, _ = stock(x, bias)
+    s, ids = router_reference(stock.gate(x), bias, 4)
+    assert torch.equal(ids, ids_ref) and torch.equal(s, s_ref)
+
+
+def test_ties_pick_the_lowest_expert_id():
+    logits = torch.zeros(3, 8, device=DEVICE)
+    logits[1, 5] = 1.0
+    s, ids = topk_route(logits, None, 2)
+    assert ids[0].tolist() == [0, 1] and ids[2].tolist() == [0, 1]
+    assert ids[1].tolist() == [5, 0]
+    torch.testing.assert_close(s.sum(1), torch.ones(3, device=DEVICE))
+
+
+def test_bad_router_arguments_are_named():
+    logits = torch.randn(4, 300, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 256 experts"):
+        topk_route(logits, None, 2)
+    with pytest.raises(ValueError, match="score_func"):
+        topk_route(logits[:, :8], None, 2, score_func="relu")
+    with pytest.raises(ValueError, match="top_k"):
+        topk_route(logits[:, :8], None, 9)
