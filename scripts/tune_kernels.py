@@ -53,6 +53,10 @@ WGRAD_CANDIDATES = [  # the gathered row index costs the pipeliner a stage: 5 st
     dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
     dict(block_m=64, block_n=256, block_k=64, num_warps=8, num_stages=5),
     dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, num_programs=0),
+    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=6),
+    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4),
+    dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5),
+    dict(block_m=256, block_n=128, block_k=32, num_warps=8, num_stages=5),
 ]
 
 

@@ -69,7 +69,8 @@ def test_fused_router_matches_torchtitan_router(score_func, route_norm, route_sc
         stock.gate.weight.grad = None
         (s * w_TE.gather(1, ids)).sum().backward()
         grads.append(stock.gate.weight.grad.clone())
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+    # both fp32, summed over T tokens in different orders: agree to fp32 rounding of the largest entry
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5 * grads[0].abs().max().item())
 
 
 def test_reference_is_stock_math():
