@@ -41,6 +41,9 @@ ROW_CANDIDATES = {
 # dSwiGLU epilogue, where 8 warps spill: the way to amortise each gathered dout tile over 256 columns
 ROW_CANDIDATES["dgrad_swiglu"] = [(M, 64, 64, 8, 4), (M, 64, 64, 8, 3), (M, 128, 64, 16, 3), (M, 128, 64, 16, 4),
                                   (M, 128, 32, 16, 4), (M, 64, 64, 16, 4)]
+# split: the GEMM stores q and an elementwise pass does the dSwiGLU, so GEMM1-sized tiles fit
+ROW_CANDIDATES["dgrad_swiglu"] += [(M, 128, 64, 8, 3, False, True), (M, 128, 64, 8, 4, False, True),
+                                   (M, 128, 32, 8, 4, False, True)]
 ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"] + [(M, 256, 32, 8, 4, True), (M, 256, 64, 8, 3, True),
                                                   (M, 128, 64, 8, 4, True)]
 # the last field: weight tiles (and contiguous A rows) through TMA descriptors

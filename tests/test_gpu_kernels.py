@@ -97,8 +97,9 @@ def test_forward_and_backward_capture_in_a_cuda_graph():
     assert torch.equal(leaves[3].grad, eager_dw1)
 
 
-TMA_CONFIGS = {"gemm1_swiglu": (128, 128, 64, 8, 3, True), "gemm2": (128, 256, 64, 8, 3, True),
-               "dx": (128, 256, 32, 8, 4, True)}
+# every optional kernel variant on at once: TMA operands, and dgrad split into GEMM + elementwise pass
+VARIANT_CONFIGS = {"gemm1_swiglu": (128, 128, 64, 8, 3, True), "gemm2": (128, 256, 64, 8, 3, True),
+                   "dx": (128, 256, 32, 8, 4, True), "dgrad_swiglu": (128, 128, 64, 8, 3, False, True)}
 
 
 @pytest.mark.parametrize("T,D,H,E,K,routing", [
@@ -107,9 +108,10 @@ TMA_CONFIGS = {"gemm1_swiglu": (128, 128, 64, 8, 3, True), "gemm2": (128, 256, 6
     pytest.param(1000, 1024, 512, 64, 4, "one_expert", id="one-hot-expert"),
     pytest.param(777, 1088, 320, 256, 16, "random", id="E256-K16-H-not-multiple-of-block"),
 ])
-def test_tma_operand_configs_match_oracle(T, D, H, E, K, routing):
-    """The TMA variants forced on, whatever the table ships: tiles that run past an expert's rows or
-    the matrix edge (D=1088 is not a multiple of 128 or 256) must still give the oracle's result."""
+def test_kernel_variants_match_oracle(T, D, H, E, K, routing):
+    """The TMA and split-dgrad variants forced on, whatever the table ships: tiles that run past an
+    expert's rows or the matrix edge (D=1088 is not a multiple of 128 or 256) must still give the
+    oracle's result."""
     import contextlib
 
     from titan_megamoe.kernels.configs import TileConfig, override_tile_config
@@ -118,7 +120,7 @@ def test_tma_operand_configs_match_oracle(T, D, H, E, K, routing):
     dout = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
     ref64, bf16 = reference_results(case, dout)
     with contextlib.ExitStack() as stack:
-        for kernel, cfg in TMA_CONFIGS.items():
+        for kernel, cfg in VARIANT_CONFIGS.items():
             stack.enter_context(override_tile_config(kernel, TileConfig(*cfg)))
         got = forward_backward(lambda *a: titan_megamoe.moe(*a, backend="triton"), case, dout)
     print(assert_flash_rule(got, ref64, bf16))

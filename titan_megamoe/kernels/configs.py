@@ -24,6 +24,7 @@ class TileConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # weight (and contiguous-row) operands through TMA descriptors instead of pointer loads
+    split: bool = False  # dgrad_swiglu only: GEMM stores q, a second elementwise kernel does the dSwiGLU
 
 
 KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")

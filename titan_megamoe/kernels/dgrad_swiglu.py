@@ -8,6 +8,12 @@ For the expert-sorted rows p of one tile (expert e, routed row n = order(p), tok
 dout rows are gathered by token in the prologue; h = silu(g) * u is recomputed from the saved g, u.
 ds is summed over H per program into a [N, num_programs_along_H] fp32 buffer, indexed by routed row (so
 the result needs no un-sorting), and reduced afterwards in a fixed order: deterministic, no atomics. The epilogue also writes s*h, the right operand of dW2.
+
+Split mode (`TileConfig.split`, chosen per shape by the tuner): the GEMM stores q in bf16 (sorted rows)
+with no dSwiGLU epilogue, which frees the registers for GEMM1-sized tiles (two 128x128 accumulators;
+with the epilogue that shape spills), and a second, elementwise kernel does the dSwiGLU, s*h and ds from
+q, g, u. It costs one extra N x H bf16 round trip and rounds q to bf16 first (stock's autograd also
+hands dh to the SwiGLU backward in bf16).
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ def _dgrad_swiglu_kernel(
     dg_ptr, du_ptr, hs_ptr, ds_part_ptr,  # dg, du, s*h [N, H] sorted; ds_part [N, num_n] routed, fp32
     D, H, top_k,
     stride_dt, stride_we, stride_wd,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STORE_Q: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     # each program covers 2*BLOCK_N columns of H with two accumulators sharing every gathered dout tile
     # (like GEMM1's gate/up pair): half the A-operand traffic per MMA of a single-accumulator tile
@@ -82,10 +89,40 @@ def _dgrad_swiglu_kernel(
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K * stride_wd
 
+    if STORE_Q:  # split mode: q (bf16, sorted rows) goes to dg's buffer; _dswiglu_rows_kernel does the rest
+        q_off = rows.to(tl.int64)[:, None] * H + offs_n0[None, :]
+        tl.store(dg_ptr + q_off, cast_rne(q0, dg_ptr.dtype.element_ty, INTERPRET), mask=row_ok[:, None] & n0_ok[None, :])
+        tl.store(dg_ptr + q_off + BLOCK_N, cast_rne(q1, dg_ptr.dtype.element_ty, INTERPRET),
+                 mask=row_ok[:, None] & n1_ok[None, :])
+        return
     s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
     ds_part = _dswiglu_epilogue(q0, rows, row_ok, offs_n0, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
     ds_part += _dswiglu_epilogue(q1, rows, row_ok, offs_n1, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
     tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+
+
+@triton.jit
+def _dswiglu_rows_kernel(
+    q_ptr, g_ptr, u_ptr, scores_ptr, order_ptr,  # q, g, u [N, H] sorted; scores [N] routed (fp32)
+    dg_ptr, du_ptr, hs_ptr, ds_part_ptr,  # dg may alias q: each element is read before it is written
+    N, H,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    num_n = tl.cdiv(H, BLOCK_N)
+    pid_m = tl.program_id(0) // num_n
+    pid_n = tl.program_id(0) % num_n
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
+    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :],
+                mask=row_ok[:, None] & (offs_n < H)[None, :], other=0.0).to(tl.float32)
+    ds_part = _dswiglu_epilogue(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET)
+    tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+
+
+_ROWS_BLOCK_M, _ROWS_BLOCK_N = 64, 128
 
 
 def dgrad_swiglu(dout_TD, w2_EDH, g_NH, u_NH, scores_N, order_N, tile_expert, tile_row, offsets_E1, top_k):
@@ -97,13 +134,24 @@ def dgrad_swiglu(dout_TD, w2_EDH, g_NH, u_NH, scores_N, order_N, tile_expert, ti
     dg = new_output((N, H), torch.bfloat16, g_NH.device)
     du = new_output((N, H), torch.bfloat16, g_NH.device)
     hs = new_output((N, H), torch.bfloat16, g_NH.device)
-    ds_part = new_output((N, num_n), torch.float32, g_NH.device)
+    # the interpreter's small tiles keep CPU tests fast
+    rows_block_n = cfg.block_n if interpret_flag() else _ROWS_BLOCK_N
+    num_n_ds = triton.cdiv(H, rows_block_n) if cfg.split else num_n
+    ds_part = new_output((N, num_n_ds), torch.float32, g_NH.device)
     grid = (tile_expert.numel() * num_n,)
     if grid[0] > 0:
         _dgrad_swiglu_kernel[grid](
             dout_TD, w2_EDH, g_NH, u_NH, scores_N, order_N, tile_expert, tile_row, offsets_E1,
             dg, du, hs, ds_part, D, H, top_k, dout_TD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=interpret_flag(),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STORE_Q=cfg.split,
+            INTERPRET=interpret_flag(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    if cfg.split and N > 0:
+        # q sits in dg's buffer; every element of dg is read as q before the same program overwrites it
+        block_m = min(_ROWS_BLOCK_M, cfg.block_m)
+        _dswiglu_rows_kernel[(triton.cdiv(N, block_m) * num_n_ds,)](
+            dg, g_NH, u_NH, scores_N, order_N, dg, du, hs, ds_part, N, H,
+            BLOCK_M=block_m, BLOCK_N=rows_block_n,
+            INTERPRET=interpret_flag(), num_warps=8,
         )
     return dg, du, hs, ds_part.sum(dim=1)
