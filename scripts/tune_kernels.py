@@ -49,6 +49,9 @@ ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"] + [(M, 256, 32, 8, 4, True), (M, 
 # the last field: weight tiles (and contiguous A rows) through TMA descriptors
 ROW_CANDIDATES["gemm1_swiglu"] += [(M, 128, 64, 8, 3, True), (M, 128, 64, 8, 4, True), (M, 128, 32, 8, 4, True)]
 ROW_CANDIDATES["gemm2"] += [(M, 256, 64, 8, 3, True), (M, 256, 64, 8, 4, True), (M, 128, 64, 8, 4, True)]
+# the last field: Triton's automatic warp specialisation of the TMA loop
+ROW_CANDIDATES["gemm2"] += [(M, 256, 64, 8, 3, True, False, True), (M, 128, 64, 8, 4, True, False, True)]
+ROW_CANDIDATES["dx"] += [(M, 256, 64, 8, 3, True, False, True), (M, 256, 32, 8, 4, True, False, True)]
 WGRAD_CANDIDATES = [  # the gathered row index costs the pipeliner a stage: 5 stages give 3 data buffers
     dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
     dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
@@ -60,6 +63,11 @@ WGRAD_CANDIDATES = [  # the gathered row index costs the pipeliner a stage: 5 st
     dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4),
     dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5),
     dict(block_m=256, block_n=128, block_k=32, num_warps=8, num_stages=5),
+    # the expert-sorted operand (s*h for w2, dg/du for w13) through TMA
+    dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5, tma=True),
+    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=5, tma=True),
+    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=6, tma=True),
+    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, tma=True),
 ]
 
 

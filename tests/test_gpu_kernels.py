@@ -97,9 +97,14 @@ def test_forward_and_backward_capture_in_a_cuda_graph():
     assert torch.equal(leaves[3].grad, eager_dw1)
 
 
-# every optional kernel variant on at once: TMA operands, and dgrad split into GEMM + elementwise pass
-VARIANT_CONFIGS = {"gemm1_swiglu": (128, 128, 64, 8, 3, True), "gemm2": (128, 256, 64, 8, 3, True),
-                   "dx": (128, 256, 32, 8, 4, True), "dgrad_swiglu": (128, 128, 64, 8, 3, False, True)}
+# the optional kernel variants, forced on: TMA operands, dgrad split into GEMM + elementwise pass, and
+# warp specialisation of the TMA loops
+VARIANTS = {
+    "tma+split": {"gemm1_swiglu": (128, 128, 64, 8, 3, True), "gemm2": (128, 256, 64, 8, 3, True),
+                  "dx": (128, 256, 32, 8, 4, True), "dgrad_swiglu": (128, 128, 64, 8, 3, False, True)},
+    "tma+ws": {"gemm2": (128, 256, 64, 8, 3, True, False, True), "dx": (128, 256, 64, 8, 3, True, False, True)},
+    "wgrad-tma": {"wgrad": dict(tma=True, block_k=32, num_stages=5)},
+}
 
 
 @pytest.mark.parametrize("T,D,H,E,K,routing", [
@@ -108,19 +113,27 @@ VARIANT_CONFIGS = {"gemm1_swiglu": (128, 128, 64, 8, 3, True), "gemm2": (128, 25
     pytest.param(1000, 1024, 512, 64, 4, "one_expert", id="one-hot-expert"),
     pytest.param(777, 1088, 320, 256, 16, "random", id="E256-K16-H-not-multiple-of-block"),
 ])
-def test_kernel_variants_match_oracle(T, D, H, E, K, routing):
-    """The TMA and split-dgrad variants forced on, whatever the table ships: tiles that run past an
-    expert's rows or the matrix edge (D=1088 is not a multiple of 128 or 256) must still give the
-    oracle's result."""
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_kernel_variants_match_oracle(monkeypatch, variant, T, D, H, E, K, routing):
+    """The TMA, warp-specialised and split-dgrad variants forced on, whatever the table ships: tiles that
+    run past an expert's rows or the matrix edge (D=1088 is not a multiple of 128 or 256) must still give
+    the oracle's result. These shapes have no table entry, so the wgrad defaults are what runs."""
     import contextlib
 
+    from titan_megamoe.kernels import wgrad
     from titan_megamoe.kernels.configs import TileConfig, override_tile_config
+
+    configs = dict(VARIANTS[variant])
+    for kind in ("w2", "w13"):
+        monkeypatch.setitem(wgrad.WGRAD_CONFIGS, (kind, "default"),
+                            dict(wgrad.WGRAD_CONFIGS[(kind, "default")], **configs.get("wgrad", {})))
+    configs.pop("wgrad", None)
 
     case = make_case(T, D, H, E, K, routing, device="cuda", seed=T + E + 1)
     dout = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
     ref64, bf16 = reference_results(case, dout)
     with contextlib.ExitStack() as stack:
-        for kernel, cfg in VARIANT_CONFIGS.items():
+        for kernel, cfg in configs.items():
             stack.enter_context(override_tile_config(kernel, TileConfig(*cfg)))
         got = forward_backward(lambda *a: titan_megamoe.moe(*a, backend="triton"), case, dout)
     print(assert_flash_rule(got, ref64, bf16))

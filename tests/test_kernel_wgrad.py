@@ -61,6 +61,8 @@ CONFIGS = {
     "split3": dict(SMALL, split_k=3),
     "wide": dict(block_m=32, block_n=32, block_k=32),
     "scale_dout": dict(SMALL, scale_b=False),  # dW2's score applied to dout (A) instead of h (B)
+    "tma": dict(SMALL, tma=True),  # the sorted operand through a TMA descriptor
+    "tma_split3": dict(SMALL, tma=True, split_k=3),  # descriptor rows run into the next split's rows
 }
 
 # name: (T, K, E, D, H)
@@ -157,11 +159,13 @@ def test_wgrad_routing_cases(case, out_dtype):
 
 @pytest.mark.parametrize(
     "case, config", [("empty", "persistent"), ("skewed", "persistent"), ("skewed", "split3"), ("empty", "split3"),
-                     ("random", "wide"), ("skewed", "scale_dout")]
+                     ("random", "wide"), ("skewed", "scale_dout"), ("random", "tma"), ("skewed", "tma"),
+                     ("empty", "tma"), ("all_one", "tma_split3"), ("skewed", "tma_split3")]
 )  # fmt: skip
 def test_wgrad_config_variants(case, config):
     p = _problem(case, seed=1)
     _check_w2(p, torch.bfloat16, use_scale=True, cfg=CONFIGS[config])
+    _check_w2(p, torch.float32, use_scale=False, cfg=CONFIGS[config])  # as the pipeline calls it (s*h given)
     _check_w13(p, torch.float32, cfg=CONFIGS[config])
 
 

@@ -71,7 +71,7 @@ import torch
 from moe_cases import make_case, reference_results, forward_backward, assert_flash_rule
 import titan_megamoe
 from titan_megamoe.kernels import configs, gemm1_swiglu, grouped_gemm
-configs._INTERPRETER = dataclasses.replace(configs._INTERPRETER, tma=True)
+configs._INTERPRETER = dataclasses.replace(configs._INTERPRETER, tma=True, warp_specialize=True)
 made = []
 def counting(module):
     real = module.matrix_descriptor

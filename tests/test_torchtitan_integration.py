@@ -269,6 +269,21 @@ def test_triton_layer_with_fused_router_matches_stock(cpu_moe_ops, monkeypatch, 
         assert err < 2e-2, f"{name}: relative L2 {err:.2e} against stock"
 
 
+@pytest.mark.parametrize("overrides, backend, note", [
+    ((), "triton", "router fused"),
+    (("--mega_moe.no-fused-router",), "triton", "router stock"),
+    ((), "reference", "router stock"),
+    (("--compile.enable",), "triton", "router stock (torch.compile)"),
+    (("--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"), "triton",
+     "router stock (op-level SAC)"),
+])
+def test_log_line_names_the_router_that_runs(overrides, backend, note):
+    from titan_megamoe.integrations.torchtitan.converter import _router_note
+
+    job = parse("--mega_moe.enable", *overrides)
+    assert _router_note(job, backend, job.mega_moe.fused_router) == note
+
+
 def test_dcp_checkpoint_round_trip_stock_mega_stock(tmp_path):
     """A torch.distributed.checkpoint written from one arm loads into the other with every tensor equal."""
     import torch.distributed.checkpoint as dcp

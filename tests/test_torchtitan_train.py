@@ -90,7 +90,7 @@ def test_mega_moe_trains_with_stock_losses(stock4, tmp_path):
     mega = train(tmp_path / "mega", "--training.steps", "4", "--mega_moe.enable")
     assert sorted(mega.steps) == [1, 2, 3, 4], mega.log[-3000:]
     assert swap_line(mega.log) == ("[mega_moe] swapped 2 MoE layers to the fused op: precision=bf16, "
-                                   "backend=reference, AC none")
+                                   "backend=reference, router stock, AC none")
     # bitwise-equal arithmetic: printed loss (5 decimals) and grad norm (4 decimals) agree exactly
     assert mega.steps == stock4.steps, (mega.steps, stock4.steps)
 

@@ -25,6 +25,7 @@ class TileConfig:
     num_stages: int
     tma: bool = False  # weight (and contiguous-row) operands through TMA descriptors instead of pointer loads
     split: bool = False  # dgrad_swiglu only: GEMM stores q, a second elementwise kernel does the dSwiGLU
+    warp_specialize: bool = False  # gemm2 / dx with tma only: Triton's automatic warp specialisation
 
 
 KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")

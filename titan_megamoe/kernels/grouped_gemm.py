@@ -38,8 +38,10 @@ def _accumulate(acc, a_ptr, b_ptr, a_off, b_off, row_ok, n_ok, offs_k, KD, strid
 
 @triton.jit
 def _accumulate_tma(acc, a_desc, b_desc, row0, b_row0, n0, KD, B_TRANS: tl.constexpr, BLOCK_K: tl.constexpr,
-                    INTERPRET: tl.constexpr):
-    for k in range(0, tl.cdiv(KD, BLOCK_K)):
+                    WS: tl.constexpr, INTERPRET: tl.constexpr):
+    # WS: Triton's automatic warp specialisation (producer warps issue the TMA loads, consumers the MMAs);
+    # Hopper support needs descriptor loads, which is why only this loop offers it
+    for k in tl.range(0, tl.cdiv(KD, BLOCK_K), warp_specialize=WS):
         a = a_desc.load([row0, k * BLOCK_K])
         if B_TRANS:  # B^T stored [n, k] (W2 [E, D, H]): the tile is [BLOCK_N, BLOCK_K], used transposed
             b = b_desc.load([b_row0 + n0, k * BLOCK_K]).T
@@ -56,7 +58,7 @@ def _grouped_gemm_kernel(
     out_ptr,  # [N, ND] routed-row order
     KD, ND,
     stride_be, stride_bk, stride_bn,
-    TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr,
+    TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     num_n = tl.cdiv(ND, BLOCK_N)
@@ -73,9 +75,9 @@ def _grouped_gemm_kernel(
         row0 = tl.load(tile_row_ptr + tl.program_id(0) // num_n)
         b_row0 = expert * (ND if B_TRANS else KD)
         n0 = pid_n * BLOCK_N
-        acc = _accumulate_tma(acc, a1_ptr, b1_ptr, row0, b_row0, n0, KD, B_TRANS, BLOCK_K, INTERPRET)
+        acc = _accumulate_tma(acc, a1_ptr, b1_ptr, row0, b_row0, n0, KD, B_TRANS, BLOCK_K, WS, INTERPRET)
         if TWO_PAIRS:
-            acc = _accumulate_tma(acc, a2_ptr, b2_ptr, row0, b_row0, n0, KD, B_TRANS, BLOCK_K, INTERPRET)
+            acc = _accumulate_tma(acc, a2_ptr, b2_ptr, row0, b_row0, n0, KD, B_TRANS, BLOCK_K, WS, INTERPRET)
     else:
         a_off = rows.to(tl.int64)[:, None] * KD + offs_k[None, :]
         b_off = expert.to(tl.int64) * stride_be + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
@@ -111,7 +113,7 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, order_N, tile_e
     _grouped_gemm_kernel[grid](
         a1, b1, a2, b2,
         order_N, tile_expert, tile_row, offsets_E1, out, kd, nd, *b_strides,
-        TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans,
+        TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=interpret_flag(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

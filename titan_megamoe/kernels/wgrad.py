@@ -42,7 +42,9 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from .common import cast_rne, check_row_alignment
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .common import cast_rne, check_row_alignment, tma_ok
 from .configs import tuned_entry
 
 # ------------------------------------------------------------------------------------------------
@@ -80,6 +82,7 @@ def _wgrad_tile(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     OUT_BF16: tl.constexpr,
+    SORTED_TMA: tl.constexpr,
     INTERP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -134,8 +137,17 @@ def _wgrad_tile(
         else:
             mask_b = row_ok[:, None] & (offs_n < N)[None, :]
         a_off = rows_a[:, None] * stride_a + offs_m[None, :]  # [BLOCK_K, BLOCK_M], contiguous dim last
-        b = tl.load(b_ptr + rows_b[:, None] * stride_b + offs_n[None, :], mask=mask_b, other=0.0)
-        a = tl.load(a_ptr + a_off, mask=mask_a, other=0.0)
+        # SORTED_TMA: the sorted (not gathered) operand is a TMA descriptor. Its rows past `hi` belong to
+        # the next expert or split, but they meet the gathered operand's rows masked to zero, so they add
+        # nothing; columns past M or N are TMA's zero fill
+        if SORTED_TMA and not B_GATHER:
+            b = b_ptr.load([k0, pid_n * BLOCK_N])
+        else:
+            b = tl.load(b_ptr + rows_b[:, None] * stride_b + offs_n[None, :], mask=mask_b, other=0.0)
+        if SORTED_TMA and not A_GATHER:
+            a = a_ptr.load([k0, pid_m * BLOCK_M])
+        else:
+            a = tl.load(a_ptr + a_off, mask=mask_a, other=0.0)
         if HAS_SCALE:
             s = tl.load(scale_ptr + rows, mask=row_ok, other=0.0)
             if SCALE_B:
@@ -147,7 +159,10 @@ def _wgrad_tile(
             b = b.to(tl.float32)
         acc = tl.dot(tl.trans(a), b, acc)
         if DUAL:
-            a2 = tl.load(a2_ptr + a_off, mask=mask_a, other=0.0)
+            if SORTED_TMA and not A_GATHER:
+                a2 = a2_ptr.load([k0, pid_m * BLOCK_M])
+            else:
+                a2 = tl.load(a2_ptr + a_off, mask=mask_a, other=0.0)
             if INTERP:
                 a2 = a2.to(tl.float32)
             acc2 = tl.dot(tl.trans(a2), b, acc2)
@@ -200,6 +215,7 @@ def _expert_wgrad_kernel(
     EVEN_N: tl.constexpr,
     PERSISTENT: tl.constexpr,
     OUT_BF16: tl.constexpr,
+    SORTED_TMA: tl.constexpr,
     INTERP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -212,14 +228,14 @@ def _expert_wgrad_kernel(
                 tile_id, a_ptr, a2_ptr, b_ptr, scale_ptr, order_ptr, offsets_ptr, expert_slot_ptr, c_ptr, c2_ptr,
                 M, N, stride_a, stride_b, stride_cs, stride_ce, stride_cm,
                 TOP_K, A_GATHER, B_GATHER, HAS_SCALE, SCALE_B, DUAL, HEAVY_FIRST, SPLIT_K,
-                EVEN_M, EVEN_N, OUT_BF16, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+                EVEN_M, EVEN_N, OUT_BF16, SORTED_TMA, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
     else:
         _wgrad_tile(
             pid, a_ptr, a2_ptr, b_ptr, scale_ptr, order_ptr, offsets_ptr, expert_slot_ptr, c_ptr, c2_ptr,
             M, N, stride_a, stride_b, stride_cs, stride_ce, stride_cm,
             TOP_K, A_GATHER, B_GATHER, HAS_SCALE, SCALE_B, DUAL, HEAVY_FIRST, SPLIT_K,
-            EVEN_M, EVEN_N, OUT_BF16, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+            EVEN_M, EVEN_N, OUT_BF16, SORTED_TMA, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
 
 
@@ -240,6 +256,9 @@ _INTERPRETED = isinstance(_expert_wgrad_kernel, InterpretedFunction)
 #     [split_k, E, M, N] workspace and are summed in a fixed order (deterministic, memory-hungry: for
 #     a few local experts with skewed loads, not for E=128 at full width).
 #   heavy_first  visit experts in descending row count (an on-device argsort, no host sync).
+#   tma  the expert-sorted operand (dW2's s*h, dW1/dW3's dg and du) through a TMA descriptor when no
+#     per-row scale is applied in the loop; the gathered one stays on pointer loads (Hopper TMA has
+#     no row gather).
 #   scale_b  (dW2 only) apply the per-row score to h instead of dout. sm_90 compiles show why: scaling
 #     dout, the A operand, sends it through registers and every wgmma waits; scaling h keeps both
 #     operands in shared memory with back-to-back wgmmas. Rounding point: round(s*h) instead of
@@ -247,7 +266,7 @@ _INTERPRETED = isinstance(_expert_wgrad_kernel, InterpretedFunction)
 # Defaults read off sm_90 compiles (wgmma, no spills); measured winners live in tuned_configs.json.
 _DEFAULT = dict(
     block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5,
-    num_programs=None, split_k=1, heavy_first=True, scale_b=True,
+    num_programs=None, split_k=1, heavy_first=True, scale_b=True, tma=False,
 )  # fmt: skip
 WGRAD_CONFIGS: dict[tuple[str, object], dict] = {
     # dW2: one 128x128 fp32 accumulator, 140 regs/thread, 97 KiB smem at the default
@@ -319,15 +338,22 @@ def _launch_wgrad(
     if persistent and num_programs <= 0:
         num_programs = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
     grid = (min(num_programs, num_tiles) if persistent else num_tiles,)
+    a2 = a2 if dual else a
+    sorted_tma = bool(cfg["tma"]) and scale is None and tma_ok(b if a_gather else a, b if a_gather else a2)
+    if sorted_tma:
+        if a_gather:
+            b = TensorDescriptor.from_tensor(b, [bk, bn])
+        else:
+            a, a2 = (TensorDescriptor.from_tensor(t, [bk, bm]) for t in (a, a2))
     _expert_wgrad_kernel[grid](
-        a, a2 if dual else a, b, scale if scale is not None else b, order_N, offsets_E1, expert_slot, c, c2,
-        M, N, a.stride(0), b.stride(0),
+        a, a2, b, scale if scale is not None else b, order_N, offsets_E1, expert_slot, c, c2,
+        M, N, a.stride(0) if not (sorted_tma and not a_gather) else 0, b.stride(0) if not (sorted_tma and a_gather) else 0,
         c.stride(0) if split_k > 1 else 0, c.stride(-3), c.stride(-2),
         num_tiles,
         TOP_K=top_k, A_GATHER=a_gather, B_GATHER=b_gather, HAS_SCALE=scale is not None,
         SCALE_B=bool(cfg["scale_b"]), DUAL=dual, HEAVY_FIRST=bool(cfg["heavy_first"]), SPLIT_K=split_k,
         EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, PERSISTENT=persistent,
-        OUT_BF16=c.dtype == torch.bfloat16, INTERP=_INTERPRETED,
+        OUT_BF16=c.dtype == torch.bfloat16, SORTED_TMA=sorted_tma, INTERP=_INTERPRETED,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip

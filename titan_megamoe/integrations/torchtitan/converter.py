@@ -114,6 +114,19 @@ def _ac_note(ac, backend: str, save: bool) -> str:
     return f"AC {ac.mode}"
 
 
+def _router_note(job_config, backend: str, fused_router: bool) -> str:
+    """Which router the swapped layers run, for the log line (MegaMoE._router_is_fusable decides)."""
+    if not fused_router or backend != "triton":
+        return "router stock"
+    comp = job_config.compile
+    if comp.enable and "model" in comp.components:
+        return "router stock (torch.compile)"
+    ac = job_config.activation_checkpoint
+    if ac.mode == "selective" and ac.selective_ac_option == "op":
+        return "router stock (op-level SAC)"
+    return "router fused"
+
+
 class MegaMoEConverter:
     """TorchTitan ModelConverter (protocols/model_converter.py) for `[mega_moe]`."""
 
@@ -123,12 +136,13 @@ class MegaMoEConverter:
         self.fused_router = bool(job_config.mega_moe.fused_router)
         self.model_name = job_config.model.name
         self.ac_note = _ac_note(job_config.activation_checkpoint, self.backend, self.save_under_sac)
+        self.router_note = _router_note(job_config, self.backend, self.fused_router)
 
     def convert(self, model: nn.Module) -> None:
         n = swap_moe_layers(model, self.precision, self.backend, self.fused_router)
         set_sac_policy(self.save_under_sac, self.model_name)
         logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
-                    f"backend={self.backend}, fused_router={self.fused_router}, {self.ac_note}")
+                    f"backend={self.backend}, {self.router_note}, {self.ac_note}")
 
     def post_optimizer_hook(self, model) -> None:
         pass
