@@ -21,3 +21,40 @@ def test_fullgraph_compile_matches_eager(compile_backend):
     got, want = forward_backward(compiled, case, dout), forward_backward(_moe, case, dout)
     for key in want:
         assert torch.equal(got[key], want[key]), key
+
+
+def test_compiled_layer_uses_the_stock_router(monkeypatch):
+    """Under torch.compile the swapped TorchTitan layer runs TorchTitan's router (plain aten ops the
+    tracer understands), not the fused router's Triton launch, and matches the eager layer run the same way."""
+    import copy
+
+    from torchtitan.models.moe.moe import MoE
+
+    from titan_megamoe.integrations.torchtitan import cpu, modules, registry
+    from titan_megamoe.integrations.torchtitan.converter import swap_moe_layers
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(torch, "histc", cpu.histc_int_cpu(torch.histc))
+    fused_calls = []
+    real = modules.topk_route
+    monkeypatch.setattr(modules, "topk_route", lambda *a: fused_calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    args = registry.tiny_flavor()
+    layer = MoE(args.moe_args, dim=args.dim, hidden_dim=args.moe_inter_dim)
+    with torch.no_grad():
+        layer.init_weights(0.02, torch.device("cpu"))
+    layer = layer.to(dev, torch.bfloat16)
+    layer.expert_bias, layer.tokens_per_expert = layer.expert_bias.float(), layer.tokens_per_expert.float()
+    holder = torch.nn.Module()
+    holder.moe = layer
+    swap_moe_layers(holder, "bf16", "triton")
+    eager_stock_router = copy.deepcopy(layer)
+    eager_stock_router.fused_router = False
+    x = torch.randn(2, 16, args.dim, device=dev, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    got = torch.compile(layer, backend="aot_eager")(x)
+    assert not fused_calls
+    want = eager_stock_router(x)
+    torch.testing.assert_close(got, want)
+    layer(x)  # eager: the fused router
+    assert len(fused_calls) == 1
