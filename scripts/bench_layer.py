@@ -5,7 +5,8 @@ For each case it builds one stock `torchtitan.models.moe.MoE` (bf16, on the GPU)
 the fused backend (fused router and expert kernels; a third arm, `fused_stock_router`, keeps
 TorchTitan's router module so the experts' share of the gain shows on its own), checks the fused output and every gradient against stock (before timing), then
 times forward and forward+backward of both layers in the same process with CUDA events (median of
---iters after --warmup runs), and records peak memory of forward+backward.
+--iters after --warmup runs, taken in --rounds rounds that each visit every arm, so a slow drift of
+the machine does not favour one arm), and records peak memory of forward+backward.
 
 Two timings per measurement, both with CUDA events around each call:
   synchronised   the GPU is idle when each call starts, so the call's host launch latency up to its
@@ -35,6 +36,7 @@ import torch
 
 from titan_megamoe.flops import moe_flops
 
+DEVICE = "cuda"  # the tests run the whole script on CPU (Triton interpreter) by changing this
 # name: (T, D, H, E, K, routing)
 CASES = {
     "30b-16k": (16384, 2048, 768, 128, 8, "softmax"),
@@ -52,19 +54,19 @@ def build_layers(T, D, H, E, K, routing, seed=0):
     args = MoEArgs(num_experts=E, num_shared_experts=0, top_k=K, score_func="softmax", route_norm=True,
                    score_before_experts=False, load_balance_coeff=1e-3)
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         stock = MoE(args, dim=D, hidden_dim=H)
     with torch.no_grad():
-        stock.init_weights(init_std=0.02, buffer_device=torch.device("cuda"))
+        stock.init_weights(init_std=0.02, buffer_device=torch.device(DEVICE))
     if routing == "skewed":
         # expert_bias only changes which experts are chosen: a Zipf-like preference for low ids
-        stock.expert_bias.copy_(0.02 / torch.arange(1, E + 1, device="cuda").float())
+        stock.expert_bias.copy_(0.02 / torch.arange(1, E + 1, device=DEVICE).float())
     stock = stock.to(torch.bfloat16)
     stock.expert_bias = stock.expert_bias.float()
     stock.tokens_per_expert = stock.tokens_per_expert.float()
     fused = copy.deepcopy(stock)
     swap_moe_layers(fused, "bf16", "triton")
-    x = torch.randn(1, T, D, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, T, D, device=DEVICE, dtype=torch.bfloat16)
     return stock, fused, x
 
 
@@ -128,6 +130,18 @@ def time_back_to_back_ms(fn, warmup, iters):
     return statistics.median(times), times
 
 
+def interleaved(measurements, warmup, iters, rounds):
+    """All samples of every measurement {key: (fn, timer)}, taken in `rounds` rounds that each visit
+    every measurement once (ceil(iters / rounds) calls per visit): a slow drift of the machine (GPU
+    clocks under sustained load, host speed) spreads over all arms instead of landing on the last one."""
+    samples = {key: [] for key in measurements}
+    per_visit = -(-iters // rounds)
+    for r in range(rounds):
+        for key, (fn, timer) in measurements.items():
+            samples[key] += timer(fn, warmup if r == 0 else 1, per_visit)[1]
+    return samples
+
+
 def peak_mem_gib(fn, layer):
     """Peak memory of fn above what is allocated before it (inputs, weights), gradients freed first."""
     layer.zero_grad(set_to_none=True)
@@ -153,7 +167,7 @@ def sac_fwd_bwd(layer, x, dout, save_ops):
     out.backward(dout)
 
 
-def bench_case(name, warmup, iters, with_sac):
+def bench_case(name, warmup, iters, with_sac, rounds=1):
     T, D, H, E, K, routing = CASES[name]
     stock, fused, x = build_layers(T, D, H, E, K, routing)
     dout = torch.randn_like(x)
@@ -169,14 +183,19 @@ def bench_case(name, warmup, iters, with_sac):
     res = {"case": name, "T": T, "D": D, "H": H, "E": E, "K": K, "routing": routing, "rel_l2_vs_stock": rel,
            "rows_per_expert": {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.float().mean())}}
     x_req = x.detach().requires_grad_(True)
-    for arm, layer in (("stock", stock), ("fused", fused), ("fused_stock_router", with_stock_router(fused))):
-        fwd = lambda: layer(x_req)  # noqa: E731 - training-mode forward: autograd records residuals
-        fb = lambda: run_fwd_bwd(layer, x, dout)  # noqa: E731
-        res[f"{arm}_fwd_ms"], res[f"{arm}_fwd_all"] = time_ms(fwd, warmup, iters)
-        res[f"{arm}_fwdbwd_ms"], res[f"{arm}_fwdbwd_all"] = time_ms(fb, warmup, iters)
-        res[f"{arm}_fwd_b2b_ms"], res[f"{arm}_fwd_b2b_all"] = time_back_to_back_ms(fwd, warmup, iters)
-        res[f"{arm}_fwdbwd_b2b_ms"], res[f"{arm}_fwdbwd_b2b_all"] = time_back_to_back_ms(fb, warmup, iters)
-        res[f"{arm}_fwdbwd_peak_gib"] = peak_mem_gib(fb, layer)
+    arms = {"stock": stock, "fused": fused, "fused_stock_router": with_stock_router(fused)}
+    measurements = {}
+    for arm, layer in arms.items():
+        fwd = functools.partial(layer, x_req)  # training-mode forward: autograd records residuals
+        fb = functools.partial(run_fwd_bwd, layer, x, dout)
+        measurements.update({f"{arm}_fwd": (fwd, time_ms), f"{arm}_fwdbwd": (fb, time_ms),
+                             f"{arm}_fwd_b2b": (fwd, time_back_to_back_ms),
+                             f"{arm}_fwdbwd_b2b": (fb, time_back_to_back_ms)})
+    res["rounds"] = rounds
+    for key, samples in interleaved(measurements, warmup, iters, rounds).items():
+        res[f"{key}_ms"], res[f"{key}_all"] = statistics.median(samples), samples
+    for arm, layer in arms.items():
+        res[f"{arm}_fwdbwd_peak_gib"] = peak_mem_gib(functools.partial(run_fwd_bwd, layer, x, dout), layer)
     if with_sac:
         from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 
@@ -217,16 +236,20 @@ def main():
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleave the arms: each round times every arm once, --iters split over the rounds")
     ap.add_argument("--sac", action="store_true", help="also time op-level selective AC (recompute vs save)")
     ap.add_argument("--out", default="docs/results", help="directory for the JSON file")
     a = ap.parse_args()
+    if a.rounds < 1 or a.iters < 1:
+        ap.error(f"--rounds and --iters must be at least 1, got {a.rounds} and {a.iters}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_layer.py needs a CUDA GPU")
     env = environment()
     results = []
     for name in a.cases:
         print(f"[bench] {name} ...", flush=True)
-        results.append(bench_case(name, a.warmup, a.iters, a.sac))
+        results.append(bench_case(name, a.warmup, a.iters, a.sac, a.rounds))
         r = results[-1]
         print(f"[bench] {name}: fwd {r['stock_fwd_ms']:.2f} -> {r['fused_fwd_ms']:.2f} ms, "
               f"fwd+bwd {r['stock_fwdbwd_ms']:.2f} -> {r['fused_fwdbwd_ms']:.2f} ms", flush=True)

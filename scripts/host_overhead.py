@@ -65,11 +65,11 @@ def stages(stock, fused, x):
     g, u, h = gemm1_swiglu(x2, w1, w3, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, K)
     y = expert_down_proj(h, w2, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1)
     s32 = scores.float()
-    scratch = torch.empty(16, device="cuda", dtype=torch.int32)
+    scratch = torch.empty(16, device=x.device, dtype=torch.int32)
     x_req = x.detach().requires_grad_(True)
     xs_req = x2.detach().requires_grad_(True)
     return {
-        "torch.empty (reference point)": lambda: torch.empty(16, device="cuda"),
+        "torch.empty (reference point)": lambda: torch.empty(16, device=x.device),
         "empty Triton kernel launch": lambda: _empty_kernel[(1,)](scratch, 16, BLOCK=16),
         "stock router": lambda: stock.router(x2, stock.expert_bias),
         "fused router (gate + topk_route)": lambda: topk_route(stock.router.gate(x2), stock.expert_bias, K),
