@@ -100,3 +100,13 @@ def test_bad_router_arguments_are_named():
         topk_route(logits[:, :8], None, 2, score_func="relu")
     with pytest.raises(ValueError, match="top_k"):
         topk_route(logits[:, :8], None, 9)
+    with pytest.raises(ValueError, match=r"bias_E must have shape \(8,\)"):
+        topk_route(logits[:, :8], torch.zeros(7, device=DEVICE), 2)
+    with pytest.raises(ValueError, match="2-D floating"):
+        topk_route(logits[0], None, 2)
+
+
+def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="router_reference"):
+        topk_route(torch.randn(4, 8), None, 2)

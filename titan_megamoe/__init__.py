@@ -2,6 +2,7 @@
 
 from .ops import moe
 from .precision import Precision
+from .router import topk_route
 
 __version__ = "0.1.0"
-__all__ = ["moe", "Precision", "__version__"]
+__all__ = ["moe", "topk_route", "Precision", "__version__"]

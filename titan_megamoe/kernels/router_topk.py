@@ -80,7 +80,16 @@ def _router_topk_kernel(
 def router_topk(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, top_k: int, score_func: str,
                 route_norm: bool, route_scale: float):
     """(top scores [T, K] fp32, expert ids [T, K] int64, unnormalised p at the ids [T, K] fp32)."""
+    if logits_TE.dim() != 2 or not logits_TE.is_floating_point():
+        raise ValueError(f"router_topk: logits_TE must be a 2-D floating tensor [T, E], got {logits_TE.dtype} "
+                         f"of shape {tuple(logits_TE.shape)}")
+    if logits_TE.device.type != "cuda" and not interpreting():
+        raise ValueError(f"router_topk: the fused router runs on CUDA (or with TRITON_INTERPRET=1); logits are on "
+                         f"{logits_TE.device}. On CPU use titan_megamoe.router.router_reference")
     T, E = logits_TE.shape
+    if bias_E is not None and (bias_E.shape != (E,) or bias_E.device != logits_TE.device):
+        raise ValueError(f"router_topk: bias_E must have shape ({E},) on {logits_TE.device}, got "
+                         f"{tuple(bias_E.shape)} on {bias_E.device}")
     if E > MAX_EXPERTS:
         raise ValueError(f"router_topk: at most {MAX_EXPERTS} experts in one program's registers, got {E}; "
                          f"use the stock router (mega_moe.fused_router=false)")
