@@ -24,6 +24,7 @@ from torchtitan.models.moe.moe import GroupedExperts, MoE
 
 from ...ops import _op_must_be_visible, resolve_backend
 from ...ops import moe as fused_moe
+from ...kernels.router_topk import MAX_EXPERTS as FUSED_ROUTER_MAX_EXPERTS
 from ...router import topk_route
 
 
@@ -61,7 +62,7 @@ class MegaMoE(MoE):
     def _router_is_fusable(self, x_TD: torch.Tensor) -> bool:
         r = self.router
         return (self.fused_router and r.num_expert_groups is None and not r._debug_force_load_balance
-                and r.num_experts <= 256 and resolve_backend(self.experts.backend, x_TD.device) == "triton"
+                and r.num_experts <= FUSED_ROUTER_MAX_EXPERTS and resolve_backend(self.experts.backend, x_TD.device) == "triton"
                 and not _op_must_be_visible())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
