@@ -92,6 +92,21 @@ def test_ties_pick_the_lowest_expert_id():
     torch.testing.assert_close(s.sum(1), torch.ones(3, device=DEVICE))
 
 
+def test_nan_and_infinite_logits_still_give_distinct_valid_ids():
+    logits = torch.randn(4, 12, device=DEVICE)
+    logits[0] = float("nan")
+    logits[1, :] = float("-inf")
+    logits[2, 3:9] = float("nan")  # one NaN makes the whole softmax row NaN
+    logits[3, ::2] = float("-inf")
+    for score_func in ("softmax", "sigmoid"):
+        _, ids = topk_route(logits, None, 8, score_func=score_func)
+        assert ((ids >= 0) & (ids < 12)).all(), score_func
+        assert all(len(set(row)) == 8 for row in ids.tolist()), score_func
+        assert set(ids[3].tolist()[:6]) == {1, 3, 5, 7, 9, 11}, score_func
+    # sigmoid is per element: NaN experts rank below every number
+    assert set(ids[2].tolist()[:6]) == {0, 1, 2, 9, 10, 11}
+
+
 def test_bad_router_arguments_are_named():
     logits = torch.randn(4, 300, device=DEVICE)
     with pytest.raises(ValueError, match="at most 256 experts"):

@@ -7,7 +7,8 @@ BLOCK_T tokens with the whole expert row in registers (E <= 256):
     p = softmax(z) or sigmoid(z) in fp32;  choice = p + bias;  K rounds of (max, lowest index of the max,
     mask it out);  s_k = p[id_k];  s_k <- s_k / (sum_k s_k + 1e-20) * route_scale   (as stock)
 The ids come out in descending order of choice score (stock's `topk(sorted=False)` leaves the order
-unspecified; every consumer sums over k). Ties resolve to the lowest expert id. exp is libdevice's
+unspecified; every consumer sums over k). Ties resolve to the lowest expert id; NaN scores rank lowest
+(torch.topk ranks them highest), so a diverged step still gets K distinct, valid ids. exp is libdevice's
 accurate expf, as in torch's softmax, so that near-ties rank like stock's.
 """
 
@@ -52,19 +53,23 @@ def _router_topk_kernel(
     choice = p
     if HAS_BIAS:
         choice = choice + tl.load(bias_ptr + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
-    choice = tl.where(e_ok[None, :], choice, float("-inf"))
+    # NaN (a diverged step) ranks as -inf; `avail` rather than a -inf sentinel marks what may still be
+    # chosen, so a row of -inf or NaN still yields K distinct ids in [0, E) and never an out-of-range one
+    choice = tl.where(choice == choice, choice, float("-inf"))
+    avail = (e[None, :] < E) & (tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int32) == 0)
 
     kk = tl.arange(0, BLOCK_K)
     ids = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)
     s = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
     for k in tl.static_range(K):
-        best = tl.max(choice, axis=1)
-        idx = tl.min(tl.where(choice == best[:, None], e[None, :], BLOCK_E), axis=1)
+        masked = tl.where(avail, choice, float("-inf"))
+        best = tl.max(masked, axis=1)
+        idx = tl.min(tl.where(avail & (masked == best[:, None]), e[None, :], BLOCK_E), axis=1)
         hit = e[None, :] == idx[:, None]
         s_k = tl.sum(tl.where(hit, p, 0.0), axis=1)
         ids = tl.where(kk[None, :] == k, idx[:, None], ids)
         s = tl.where(kk[None, :] == k, s_k[:, None], s)
-        choice = tl.where(hit, float("-inf"), choice)
+        avail = avail & (e[None, :] != idx[:, None])
 
     out = s
     if ROUTE_NORM:
