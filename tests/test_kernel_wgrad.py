@@ -204,18 +204,28 @@ from triton.compiler import ASTSource
 from titan_megamoe.kernels import wgrad
 
 def compile_sm90(kind):
+    # the launch the pipeline makes: dW2 over (gathered dout, sorted s*h, no per-row scale), dW1/dW3 over
+    # (sorted dg, du, gathered x); with the table's `tma` the sorted operand is a TMA descriptor
     cfg = wgrad.wgrad_config(kind, 2048, 768)
     w2 = kind == "w2"
+    bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
+    tma = bool(cfg["tma"])
     ptrs = dict(a_ptr="*bf16", a2_ptr="*bf16", b_ptr="*bf16", scale_ptr="*fp32", order_ptr="*i32",
                 offsets_ptr="*i32", expert_slot_ptr="*i32", c_ptr="*bf16", c2_ptr="*bf16")
+    descs = {}
+    if tma and w2:
+        descs = dict(b_ptr=f"tensordesc<bf16[{bk}, {bn}]>")
+    elif tma:
+        descs = dict(a_ptr=f"tensordesc<bf16[{bk}, {bm}]>", a2_ptr=f"tensordesc<bf16[{bk}, {bm}]>")
     ints = dict.fromkeys(["M", "N", "stride_a", "stride_b", "stride_cs", "stride_ce", "stride_cm", "num_tiles"], "i32")
     constexprs = dict(
-        TOP_K=8, A_GATHER=w2, B_GATHER=not w2, HAS_SCALE=w2, SCALE_B=bool(cfg["scale_b"]), DUAL=not w2,
+        TOP_K=8, A_GATHER=w2, B_GATHER=not w2, HAS_SCALE=False, SCALE_B=bool(cfg["scale_b"]), DUAL=not w2,
         HEAVY_FIRST=bool(cfg["heavy_first"]), SPLIT_K=cfg["split_k"], EVEN_M=True, EVEN_N=True,
-        PERSISTENT=cfg["num_programs"] is not None, OUT_BF16=True, INTERP=False,
-        BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"])
+        PERSISTENT=cfg["num_programs"] is not None, OUT_BF16=True, SORTED_TMA=tma, INTERP=False,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    ptrs.update(descs)
     signature = {**ptrs, **ints, **dict.fromkeys(constexprs, "constexpr")}
-    aligned = set(ptrs) | {"M", "N", "stride_a", "stride_b", "stride_ce", "stride_cm"}
+    aligned = (set(ptrs) - set(descs)) | {"M", "N", "stride_a", "stride_b", "stride_ce", "stride_cm"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
     src = ASTSource(wgrad._expert_wgrad_kernel, signature, constexprs, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
