@@ -73,7 +73,7 @@ def stages(stock, fused, x):
         "empty Triton kernel launch": lambda: _empty_kernel[(1,)](scratch, 16, BLOCK=16),
         "stock router": lambda: stock.router(x2, stock.expert_bias),
         "fused router (gate + topk_route)": lambda: topk_route(stock.router.gate(x2), stock.expert_bias, K),
-        "routing plan (sort + routing_meta)": lambda: build_routing_plan(ids, E, row_block_m()),
+        "routing plan (build_routing_plan)": lambda: build_routing_plan(ids, E, row_block_m()),
         "gemm1_swiglu launch": lambda: gemm1_swiglu(x2, w1, w3, plan.order_N, plan.tile_expert, plan.tile_row,
                                                     plan.offsets_E1, K),
         "gemm2 launch": lambda: expert_down_proj(h, w2, plan.order_N, plan.tile_expert, plan.tile_row,
