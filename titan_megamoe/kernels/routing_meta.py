@@ -1,24 +1,19 @@
-"""Routing metadata for the kernels in two launches, no torch sort: order, inverse, offsets, tile schedule.
+"""Routing metadata for the kernels in one launch after the sort: offsets, inverse order, tile schedule.
 
-`titan_megamoe.routing` builds the same metadata with ~30 small torch ops, and an earlier version here
-used torch.sort plus one Triton kernel; on the GPU each torch op costs host launch time while the GPU
-sits idle before GEMM1 (measured: the forward's host time before GEMM1, not its kernels, was what the
-synchronised forward waited for; torch.sort alone is a cast, a clamp and ~6 CUB launches). A stable
-counting sort over the small key range (E <= 256 experts) needs no general sort:
-  launch 1 (`_bucket_count_kernel`), one program per block of BLOCK_R routed rows: how many rows of the
-              block go to each bucket (expert, or bucket E for an id outside [0, E)) -> counts [NB, BLOCK_E];
-  launch 2 (`_routing_plan_kernel`):
-    programs 0..NB-1: a block's rows go to sorted position  start[bucket] + (rows of that bucket in
-              earlier blocks) + (rows of that bucket earlier in this block), the last by a cumulative sum
-              over a one-hot [CHUNK, BLOCK_E] tile, chunk by chunk: rows keep token order within an expert
-              (stable, as stock TorchTitan's order), writes order[pos] = row and inv[row] = pos;
-    programs NB..: the per-M-tile (expert, first row) schedule for BLOCK_T tiles each; the first also
-              writes the offsets and a flag that is 1 when every id lies in [0, E).
-Rows with an out-of-range id land in bucket E, after every expert's rows: the kernels visit only
-[offsets[0], offsets[E]), so a bad id cannot make them read out of bounds, and the flag trips an
-asynchronous assert. Every size follows from (N, E, BLOCK_M) on the host: no host sync, and the launches
-stay graph-capturable. Everything lands in one int32 buffer (the op's routing residual), so the backward
-reuses it as views. The torch version in `titan_megamoe.routing` is these kernels' oracle in the tests.
+`titan_megamoe.routing` builds the same metadata with ~30 small torch ops; on the GPU each op costs
+host launch time while the GPU sits idle before GEMM1 (measured: the forward's host time, not its
+kernels, was the gap to the target). Here the sort stays a torch op and one Triton kernel does the rest:
+  programs 0..P-1 (P = cdiv(n_tiles, BLOCK_T), at least 1): each finds offsets[e] = #(sorted ids < e)
+              by a vectorised binary search, the per-expert tile counts and their cumulative sum, then
+              writes the (expert, first row) of its own BLOCK_T tiles only; program 0 also writes the
+              offsets and a flag that is 1 when every id lies in [0, E) (offsets[0] == 0, offsets[E] == N);
+  programs P+: order (int64 from the sort) -> int32, and inv[order[p]] = p.
+The schedule used to be one program looping over every chunk, and that serial loop was the kernel's
+latency (52 us on an H200 at N=131072, E=128, BLOCK_M=128: 18 chunks), on the critical path before
+GEMM1. Repeating the cheap search in every schedule program cuts that to one search and one chunk.
+P follows from (N, E, BLOCK_M) on the host: no host sync, and the launch stays graph-capturable.
+Everything lands in one int32 buffer (the op's routing residual), so the backward reuses it as views.
+The torch version in `titan_megamoe.routing` is this kernel's oracle in the tests.
 """
 
 from __future__ import annotations
@@ -56,47 +51,25 @@ def unpack(packed: torch.Tensor, num_rows: int, num_experts: int, block_m: int) 
 
 
 @triton.jit
-def _bucket_of(ids_ptr, rows, N, E, BLOCK_E: tl.constexpr):
-    """Bucket of each routed row: its expert, E for an id outside [0, E), BLOCK_E (no bucket) past N."""
-    ok = rows < N
-    ids = tl.load(ids_ptr + rows, mask=ok, other=0)
-    bucket = tl.where((ids >= 0) & (ids < E), ids, E).to(tl.int32)
-    return tl.where(ok, bucket, BLOCK_E)
+def _lower_bound(sorted_ptr, n, n_iter, target):
+    """Per lane: the number of sorted values < target (binary search, all lanes in lockstep)."""
+    lo = tl.zeros_like(target)
+    hi = tl.zeros_like(target) + n
+    for _ in range(n_iter):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(sorted_ptr + mid, mask=active, other=0)
+        right = active & (v < target)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & (v >= target), mid, hi)
+    return lo
 
 
 @triton.jit
-def _bucket_count_kernel(ids_ptr, counts_ptr, N, E,
-                         BLOCK_R: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr):
-    b = tl.program_id(0)
-    e = tl.arange(0, BLOCK_E)
-    counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
-    for c in tl.static_range(BLOCK_R // CHUNK):
-        rows = b * BLOCK_R + c * CHUNK + tl.arange(0, CHUNK)
-        bucket = _bucket_of(ids_ptr, rows, N, E, BLOCK_E)
-        counts += tl.sum((bucket[:, None] == e[None, :]).to(tl.int32), axis=0)
-    tl.store(counts_ptr + b * BLOCK_E + e, counts)
-
-
-@triton.jit
-def _bucket_totals(counts_ptr, NB, b, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
-    """(rows per bucket over all blocks, rows per bucket in blocks before b) from counts [NB, BLOCK_E]."""
-    e = tl.arange(0, BLOCK_E)
-    total = tl.zeros((BLOCK_E,), dtype=tl.int32)
-    before = tl.zeros((BLOCK_E,), dtype=tl.int32)
-    for c in range(0, NB, BLOCK_B):
-        blk = c + tl.arange(0, BLOCK_B)
-        cnt = tl.load(counts_ptr + blk[:, None] * BLOCK_E + e[None, :], mask=(blk < NB)[:, None], other=0)
-        total += tl.sum(cnt, axis=0)
-        before += tl.sum(tl.where((blk < b)[:, None], cnt, 0), axis=0)
-    return total, before
-
-
-@triton.jit
-def _routing_plan_kernel(
-    ids_ptr, counts_ptr, packed_ptr,
-    N, E, n_tiles, NB,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr,
+def _routing_meta_kernel(
+    sorted_ptr, order64_ptr, packed_ptr,
+    N, E, n_tiles, n_iter, n_tile_progs,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     inv_ptr = packed_ptr + N
@@ -104,31 +77,19 @@ def _routing_plan_kernel(
     tile_expert_ptr = offsets_ptr + E + 1
     tile_row_ptr = tile_expert_ptr + n_tiles
     ok_ptr = tile_row_ptr + n_tiles
-    e = tl.arange(0, BLOCK_E)
-    if pid < NB:
-        total, before = _bucket_totals(counts_ptr, NB, pid, BLOCK_E, BLOCK_B)
-        # next free sorted position of each bucket for this block's rows, in token order
-        nxt = tl.cumsum(total, 0) - total + before
-        for c in tl.static_range(BLOCK_R // CHUNK):
-            rows = pid * BLOCK_R + c * CHUNK + tl.arange(0, CHUNK)
-            bucket = _bucket_of(ids_ptr, rows, N, E, BLOCK_E)
-            hot = bucket[:, None] == e[None, :]
-            upto = tl.cumsum(hot.to(tl.int32), 0)  # rows of the same bucket up to and including this one
-            pos = tl.sum(tl.where(hot, nxt[None, :] + upto - 1, 0), axis=1)
-            ok = rows < N
-            tl.store(packed_ptr + pos, rows, mask=ok)
-            tl.store(inv_ptr + rows, pos, mask=ok)
-            nxt += tl.sum(hot.to(tl.int32), axis=0)
-    else:
-        total, _ = _bucket_totals(counts_ptr, NB, 0, BLOCK_E, BLOCK_B)
-        start_E = tl.cumsum(total, 0) - total
-        if pid == NB:
+    if pid < n_tile_progs:
+        e = tl.arange(0, BLOCK_E)
+        start_E = _lower_bound(sorted_ptr, N, n_iter, e)
+        end_E = _lower_bound(sorted_ptr, N, n_iter, e + 1)
+        if pid == 0:
             tl.store(offsets_ptr + e, start_E, mask=e <= E)
-            tl.store(ok_ptr, (tl.sum(tl.where(e == E, total, 0)) == 0).to(tl.int32))
-        tiles_E = tl.where(e < E, (total + BLOCK_M - 1) // BLOCK_M, 0)
+            first = tl.sum(tl.where(e == 0, start_E, 0))
+            last = tl.sum(tl.where(e == E, start_E, 0))
+            tl.store(ok_ptr, ((first == 0) & (last == N)).to(tl.int32))
+        tiles_E = tl.where(e < E, (end_E - start_E + BLOCK_M - 1) // BLOCK_M, 0)
         tile_end_E = tl.cumsum(tiles_E, 0)
         tile_start_E = tile_end_E - tiles_E
-        t = (pid - NB) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
         # the expert of tile t: how many experts' tile ranges end at or before t
         expert = tl.sum((tile_end_E[None, :] <= t[:, None]).to(tl.int32), axis=1)
         mine = e[None, :] == expert[:, None]
@@ -136,39 +97,35 @@ def _routing_plan_kernel(
         valid = expert < E
         tl.store(tile_expert_ptr + t, tl.where(valid, expert, -1), mask=t < n_tiles)
         tl.store(tile_row_ptr + t, tl.where(valid, row, 0), mask=t < n_tiles)
+    else:
+        p = (pid - n_tile_progs) * BLOCK + tl.arange(0, BLOCK)
+        ok = p < N
+        routed = tl.load(order64_ptr + p, mask=ok, other=0).to(tl.int32)
+        tl.store(packed_ptr + p, routed, mask=ok)
+        tl.store(inv_ptr + routed, p, mask=ok)
 
 
-_BLOCK_R = 1024  # routed rows per sort program
-
-def _chunk(block_e: int) -> int:
-    """Rows per one-hot tile: [CHUNK, BLOCK_E] int32 is 16K values (64 per thread at 8 warps)."""
-    return min(_BLOCK_R, max(16, 16384 // block_e))
-
-_BLOCK_T = 64  # tiles per schedule program
-_BLOCK_B = 16  # blocks of counts summed per step
+_BLOCK = 1024
+_BLOCK_T = 64
 
 
 def build_routing_plan(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, RoutingPlan]:
     """(packed int32 buffer, views into it). No host synchronisation; sizes follow from (T, K, E)."""
     ids_N = topk_ids_TK.reshape(-1)
-    if not ids_N.is_contiguous():
-        ids_N = ids_N.contiguous()
     n = ids_N.numel()
+    # stable: within an expert, rows keep token order (the order stock TorchTitan uses). Radix sort
+    # passes follow the key width (8 bits each): int64 ids take 8 passes and ~18 launches, int16 keys 2.
+    # Out-of-range ids clamp to -1 or E, which the kernel's ids_ok flag still catches.
+    if num_experts < 2**15 - 1 and ids_N.dtype != torch.int16:
+        ids_N = ids_N.clamp(-1, num_experts).to(torch.int16)
+    sorted_N, order_N = torch.sort(ids_N, stable=True)
     sizes = _segment_sizes(n, num_experts, block_m)
-    device = ids_N.device
-    packed = torch.empty(sum(sizes), dtype=torch.int32, device=device)
-    block_e = triton.next_power_of_2(num_experts + 1)  # + the bucket of out-of-range ids
-    nb = triton.cdiv(n, _BLOCK_R)
-    counts = torch.empty((max(nb, 1), block_e), dtype=torch.int32, device=device)
-    chunk = _chunk(block_e)
-    if nb:
-        _bucket_count_kernel[(nb,)](ids_N, counts, n, num_experts, BLOCK_R=_BLOCK_R, CHUNK=chunk,
-                                    BLOCK_E=block_e, num_warps=8)
-    # at least one schedule program, even with no tiles: the first also writes offsets and ids_ok
+    packed = torch.empty(sum(sizes), dtype=torch.int32, device=ids_N.device)
+    # at least one schedule program, even with no tiles: program 0 also writes offsets and ids_ok
     n_tile_progs = max(1, triton.cdiv(sizes[3], _BLOCK_T))
-    _routing_plan_kernel[(nb + n_tile_progs,)](
-        ids_N, counts, packed, n, num_experts, sizes[3], nb,
-        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_T=_BLOCK_T, BLOCK_R=_BLOCK_R, CHUNK=chunk, BLOCK_B=_BLOCK_B,
-        num_warps=8,
+    _routing_meta_kernel[(n_tile_progs + triton.cdiv(n, _BLOCK),)](
+        sorted_N, order_N, packed, n, num_experts, sizes[3], max(n, 1).bit_length(), n_tile_progs,
+        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_T=_BLOCK_T, BLOCK=_BLOCK,
+        num_warps=4,
     )
     return packed, RoutingPlan(*torch.split(packed, sizes))
