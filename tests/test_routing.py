@@ -41,7 +41,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton inter
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("T,E,K,block_m", [(1, 4, 1, 16), (3, 8, 2, 16), (257, 16, 4, 16), (1000, 60, 4, 128),
                                            (64, 256, 16, 16), (700, 7, 3, 128),
-                                           # several sort blocks of 1024 rows: prefixes across blocks
+                                           # N over several 1024-row permutation programs and 64-tile schedule programs
                                            (1500, 256, 3, 16), (2500, 7, 2, 128)])
 def test_routing_kernel_matches_torch_routing(routing, T, E, K, block_m):
     """The one-launch Triton routing plan equals the torch oracle (`routing.build_routing` + `tile_schedule`)."""

@@ -56,7 +56,7 @@ def _router_topk_kernel(
     # NaN (a diverged step) ranks as -inf; `avail` rather than a -inf sentinel marks what may still be
     # chosen, so a row of -inf or NaN still yields K distinct ids in [0, E) and never an out-of-range one
     choice = tl.where(choice == choice, choice, float("-inf"))
-    avail = (e[None, :] < E) & (tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.int32) == 0)
+    avail = tl.broadcast_to(e_ok[None, :], (BLOCK_T, BLOCK_E))
 
     kk = tl.arange(0, BLOCK_K)
     ids = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)
