@@ -48,6 +48,7 @@ def stages(stock, fused, x):
     from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
     from titan_megamoe.kernels.grouped_gemm import expert_down_proj
     from titan_megamoe.kernels.routing_meta import build_routing_plan
+    bf = torch.bfloat16
     from titan_megamoe.ops import moe
     from titan_megamoe.router import topk_route
 
@@ -61,9 +62,9 @@ def stages(stock, fused, x):
     E = stock.experts.w1.shape[0]
     K = ids.shape[1]
     w1, w2, w3 = (p.data for p in (fused.experts.w1, fused.experts.w2, fused.experts.w3))
-    _, plan = build_routing_plan(ids, E, row_block_m())
-    g, u, h = gemm1_swiglu(x2, w1, w3, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, K)
-    y = expert_down_proj(h, w2, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1)
+    plan = build_routing_plan(ids, E, row_block_m())
+    g, u, h = gemm1_swiglu(x2, w1, w3, plan, bf, "bf16")
+    y = expert_down_proj(h, w2, plan, bf, "bf16")
     s32 = scores.float()
     scratch = torch.empty(16, device=x.device, dtype=torch.int32)
     x_req = x.detach().requires_grad_(True)
@@ -74,10 +75,8 @@ def stages(stock, fused, x):
         "stock router": lambda: stock.router(x2, stock.expert_bias),
         "fused router (gate + topk_route)": lambda: topk_route(stock.router.gate(x2), stock.expert_bias, K),
         "routing plan (build_routing_plan)": lambda: build_routing_plan(ids, E, row_block_m()),
-        "gemm1_swiglu launch": lambda: gemm1_swiglu(x2, w1, w3, plan.order_N, plan.tile_expert, plan.tile_row,
-                                                    plan.offsets_E1, K),
-        "gemm2 launch": lambda: expert_down_proj(h, w2, plan.order_N, plan.tile_expert, plan.tile_row,
-                                                 plan.offsets_E1),
+        "gemm1_swiglu launch": lambda: gemm1_swiglu(x2, w1, w3, plan, bf, "bf16"),
+        "gemm2 launch": lambda: expert_down_proj(h, w2, plan, bf, "bf16"),
         "combine launch": lambda: combine(y, s32, K, torch.bfloat16),
         "titan_megamoe.moe, no grad": lambda: _no_grad(moe, x2, ids, scores, w1, w2, w3),
         "titan_megamoe.moe, autograd": lambda: moe(xs_req, ids, scores, w1, w2, w3),

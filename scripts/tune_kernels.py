@@ -21,89 +21,76 @@ import torch
 import triton
 import triton.testing
 
+from titan_megamoe.ab.environment import git_commit
 from titan_megamoe.kernels import configs
 from titan_megamoe.kernels.configs import TileConfig, override_tile_config
 from titan_megamoe.kernels.dgrad_swiglu import dgrad_swiglu
 from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
 from titan_megamoe.kernels.grouped_gemm import expert_down_proj, expert_input_grad
+from titan_megamoe.kernels.routing_meta import build_routing_plan
 from titan_megamoe.kernels.wgrad import expert_wgrad_w2, expert_wgrad_w13
-from titan_megamoe.routing import build_routing, tile_schedule
 
 M = configs.ROW_BLOCK_M
-ROW_CANDIDATES = {
-    "gemm1_swiglu": [(M, 64, 64, 4, 4), (M, 64, 64, 8, 4), (M, 128, 64, 8, 3), (M, 128, 64, 8, 4),
-                     (M, 128, 32, 8, 4), (M, 128, 64, 8, 5)],
-    "gemm2": [(M, 128, 64, 8, 3), (M, 128, 64, 8, 4), (M, 256, 64, 8, 3), (M, 128, 64, 4, 4),
-              (M, 64, 64, 4, 4), (M, 256, 32, 8, 4)],
+T_ = dict(tma=True)
+SPLIT = dict(split=True)
+WS = dict(tma=True, warp_specialize=True)
+C = TileConfig
+CANDIDATES = {
+    "gemm1_swiglu": [C(M, 64, 64, 4, 4), C(M, 64, 64, 8, 4), C(M, 128, 64, 8, 3), C(M, 128, 64, 8, 4),
+                     C(M, 128, 32, 8, 4), C(M, 128, 64, 8, 5),
+                     C(M, 128, 64, 8, 3, **T_), C(M, 128, 64, 8, 4, **T_), C(M, 128, 32, 8, 4, **T_)],
+    "gemm2": [C(M, 128, 64, 8, 3), C(M, 128, 64, 8, 4), C(M, 256, 64, 8, 3), C(M, 128, 64, 4, 4),
+              C(M, 64, 64, 4, 4), C(M, 256, 32, 8, 4),
+              C(M, 256, 64, 8, 3, **T_), C(M, 256, 64, 8, 4, **T_), C(M, 128, 64, 8, 4, **T_),
+              C(M, 256, 64, 8, 3, **WS), C(M, 128, 64, 8, 4, **WS)],
+    # dgrad's BLOCK_N is per accumulator (two accumulators: a program covers 2*BLOCK_N columns). 16 warps
+    # (four warpgroups) halve the registers each thread holds for 2 x [128, 128] accumulators plus the
+    # dSwiGLU epilogue, where 8 warps spill; split: the GEMM stores q and an elementwise pass does the
+    # dSwiGLU, so GEMM1-sized tiles fit
+    "dgrad_swiglu": [C(M, 64, 64, 8, 4), C(M, 64, 64, 8, 3), C(M, 128, 64, 16, 3), C(M, 128, 64, 16, 4),
+                     C(M, 128, 32, 16, 4), C(M, 64, 64, 16, 4),
+                     C(M, 128, 64, 8, 3, **SPLIT), C(M, 128, 64, 8, 4, **SPLIT), C(M, 128, 32, 8, 4, **SPLIT)],
+    # weight gradients: the gathered row index costs the pipeliner a stage, so 5 stages give 3 data
+    # buffers; tma: the expert-sorted operand (s*h for w2, dg/du for w13) through TMA
+    "wgrad_w2": [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 5), C(128, 128, 32, 8, 5), C(128, 256, 64, 8, 4),
+                 C(64, 256, 64, 8, 5), C(128, 128, 32, 8, 6), C(128, 128, 32, 8, 4), C(128, 256, 32, 8, 5),
+                 C(256, 128, 32, 8, 5), C(128, 256, 32, 8, 5, **T_), C(128, 128, 32, 8, 5, **T_),
+                 C(128, 128, 32, 8, 6, **T_), C(128, 128, 64, 8, 4, **T_)],
 }
-# dgrad's BLOCK_N is per accumulator (two accumulators: a program covers 2*BLOCK_N columns)
-# 16 warps (four warpgroups) halve the registers each thread holds for 2 x [128, 128] accumulators plus the
-# dSwiGLU epilogue, where 8 warps spill: the way to amortise each gathered dout tile over 256 columns
-ROW_CANDIDATES["dgrad_swiglu"] = [(M, 64, 64, 8, 4), (M, 64, 64, 8, 3), (M, 128, 64, 16, 3), (M, 128, 64, 16, 4),
-                                  (M, 128, 32, 16, 4), (M, 64, 64, 16, 4)]
-# split: the GEMM stores q and an elementwise pass does the dSwiGLU, so GEMM1-sized tiles fit
-ROW_CANDIDATES["dgrad_swiglu"] += [(M, 128, 64, 8, 3, False, True), (M, 128, 64, 8, 4, False, True),
-                                   (M, 128, 32, 8, 4, False, True)]
-ROW_CANDIDATES["dx"] = ROW_CANDIDATES["gemm2"] + [(M, 256, 32, 8, 4, True), (M, 256, 64, 8, 3, True),
-                                                  (M, 128, 64, 8, 4, True)]
-# the last field: weight tiles (and contiguous A rows) through TMA descriptors
-ROW_CANDIDATES["gemm1_swiglu"] += [(M, 128, 64, 8, 3, True), (M, 128, 64, 8, 4, True), (M, 128, 32, 8, 4, True)]
-ROW_CANDIDATES["gemm2"] += [(M, 256, 64, 8, 3, True), (M, 256, 64, 8, 4, True), (M, 128, 64, 8, 4, True)]
-# the last field: Triton's automatic warp specialisation of the TMA loop
-ROW_CANDIDATES["gemm2"] += [(M, 256, 64, 8, 3, True, False, True), (M, 128, 64, 8, 4, True, False, True)]
-ROW_CANDIDATES["dx"] += [(M, 256, 64, 8, 3, True, False, True), (M, 256, 32, 8, 4, True, False, True)]
-WGRAD_CANDIDATES = [  # the gathered row index costs the pipeliner a stage: 5 stages give 3 data buffers
-    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3),
-    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5),
-    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=5),
-    dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=4),
-    dict(block_m=64, block_n=256, block_k=64, num_warps=8, num_stages=5),
-    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=5, num_programs=0),
-    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=6),
-    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4),
-    dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5),
-    dict(block_m=256, block_n=128, block_k=32, num_warps=8, num_stages=5),
-    # the expert-sorted operand (s*h for w2, dg/du for w13) through TMA
-    dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=5, tma=True),
-    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=5, tma=True),
-    dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=6, tma=True),
-    dict(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4, tma=True),
-]
+# dx: GEMM2's pointer-load candidates, then its own TMA and warp-specialised ones
+CANDIDATES["dx"] = CANDIDATES["gemm2"][:6] + [C(M, 256, 32, 8, 4, **T_), C(M, 256, 64, 8, 3, **T_),
+                                              C(M, 128, 64, 8, 4, **T_), C(M, 256, 64, 8, 3, **WS),
+                                              C(M, 256, 32, 8, 4, **WS)]
+CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"]
 
 
 def make_problem(D, H, E, K, T, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev = dict(device="cuda")
-    x = torch.randn(T, D, generator=g, dtype=torch.bfloat16, **dev)
+    bf = torch.bfloat16
+    x = torch.randn(T, D, generator=g, dtype=bf, **dev)
     ids = torch.argsort(torch.rand(T, E, generator=g, **dev), dim=1)[:, :K]
     scores = torch.softmax(torch.randn(T, K, generator=g, **dev), dim=1)
-    w = lambda *s: (torch.randn(*s, generator=g, **dev) * 0.02).to(torch.bfloat16)  # noqa: E731
+    w = lambda *s: (torch.randn(*s, generator=g, **dev) * 0.02).to(bf)  # noqa: E731
     w1, w3, w2 = w(E, H, D), w(E, H, D), w(E, D, H)
-    r = build_routing(ids, E)
-    te, tr = tile_schedule(r.offsets_E1, T * K, M)
-    g_, u, h = gemm1_swiglu(x, w1, w3, r.order_N, te, tr, r.offsets_E1, K)
+    plan = build_routing_plan(ids, E, M)
+    g_, u, h = gemm1_swiglu(x, w1, w3, plan, bf, "bf16")
     dout = torch.randn_like(x)
-    dg, du, hs, _ = dgrad_swiglu(dout, w2, g_, u, scores.reshape(-1), r.order_N, te, tr, r.offsets_E1, K)
-    return dict(x=x, w1=w1, w2=w2, w3=w3, r=r, te=te, tr=tr, g=g_, u=u, h=h, dout=dout, dg=dg, du=du, hs=hs,
-                s=scores.reshape(-1), K=K)
+    dg, du, hs, _ = dgrad_swiglu(dout, w2, g_, u, scores.reshape(-1), plan, "bf16")
+    return dict(x=x, w1=w1, w2=w2, w3=w3, plan=plan, g=g_, u=u, h=h, dout=dout, dg=dg, du=du, hs=hs,
+                s=scores.reshape(-1))
 
 
-def row_call(kernel, p):
-    r, te, tr, K = p["r"], p["te"], p["tr"], p["K"]
+def kernel_call(kernel, p):
+    plan, bf = p["plan"], torch.bfloat16
     return {
-        "gemm1_swiglu": lambda: gemm1_swiglu(p["x"], p["w1"], p["w3"], r.order_N, te, tr, r.offsets_E1, K),
-        "gemm2": lambda: expert_down_proj(p["h"], p["w2"], r.order_N, te, tr, r.offsets_E1),
-        "dgrad_swiglu": lambda: dgrad_swiglu(p["dout"], p["w2"], p["g"], p["u"], p["s"], r.order_N, te, tr,
-                                             r.offsets_E1, K),
-        "dx": lambda: expert_input_grad(p["dg"], p["du"], p["w1"], p["w3"], r.order_N, te, tr, r.offsets_E1),
+        "gemm1_swiglu": lambda: gemm1_swiglu(p["x"], p["w1"], p["w3"], plan, bf, "bf16"),
+        "gemm2": lambda: expert_down_proj(p["h"], p["w2"], plan, bf, "bf16"),
+        "dgrad_swiglu": lambda: dgrad_swiglu(p["dout"], p["w2"], p["g"], p["u"], p["s"], plan, "bf16"),
+        "dx": lambda: expert_input_grad(p["dg"], p["du"], p["w1"], p["w3"], plan, bf, "bf16"),
+        "wgrad_w2": lambda: expert_wgrad_w2(p["dout"], p["hs"], plan, bf),
+        "wgrad_w13": lambda: expert_wgrad_w13(p["dg"], p["du"], p["x"], plan, bf),
     }[kernel]
-
-
-def wgrad_call(kind, p, cfg):
-    r, K = p["r"], p["K"]
-    if kind == "w2":
-        return lambda: expert_wgrad_w2(p["dout"], p["hs"], None, r.order_N, r.offsets_E1, K, torch.bfloat16, **cfg)
-    return lambda: expert_wgrad_w13(p["dg"], p["du"], p["x"], r.order_N, r.offsets_E1, K, torch.bfloat16, **cfg)
 
 
 FLOPS_PER_NDH = {"gemm1_swiglu": 4, "gemm2": 2, "dgrad_swiglu": 2, "dx": 4, "wgrad_w2": 2, "wgrad_w13": 4}
@@ -131,14 +118,16 @@ def merge_run(run: dict) -> None:
     into tuned_configs.json: the table is always derived from a committed measurement."""
     D, H, E, K, T = run["shape"]
     key = f"{D}x{H}"
+    precision = run.get("precision", "bf16")
     table = json.loads(configs.TABLE_PATH.read_text()) if configs.TABLE_PATH.exists() else {"configs": {}, "measured": {}}
-    winners, log = table["configs"].setdefault(key, {}), table["measured"].setdefault(key, {})
+    winners = table["configs"].setdefault(precision, {}).setdefault(key, {})
+    log = table["measured"].setdefault(precision, {}).setdefault(key, {})
     for kernel in dict.fromkeys(r["kernel"] for r in run["runs"]):
         best = min((r for r in run["runs"] if r["kernel"] == kernel), key=lambda r: r["ms"])
-        winners[kernel] = best["config"]
+        winners[kernel] = TileConfig.from_record(best["config"]).to_record()
         log[kernel] = {"ms": best["ms"], "tflops": best["tflops"], "T": T, "E": E, "K": K, "gpu": run["gpu"],
-                       "date": run["date"][:10]}
-        print(f"table {key} {kernel}: {best['config']} ({best['ms']:.3f} ms)")
+                       "date": run["date"][:10], "commit": run.get("commit")}
+        print(f"table {precision} {key} {kernel}: {winners[kernel]} ({best['ms']:.3f} ms)")
     configs.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
     print(f"wrote {configs.TABLE_PATH}")
 
@@ -146,7 +135,7 @@ def merge_run(run: dict) -> None:
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", nargs=5, type=int, metavar=("D", "H", "E", "K", "T"), default=[2048, 768, 128, 8, 16384])
-    ap.add_argument("--kernels", nargs="+", default=list(ROW_CANDIDATES) + ["wgrad_w2", "wgrad_w13"])
+    ap.add_argument("--kernels", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
     ap.add_argument("--write", action="store_true", help="merge the winners into tuned_configs.json")
     ap.add_argument("--merge", nargs="+", metavar="RUN_JSON",
                     help="no GPU work: rebuild table entries from recorded runs (docs/results/tune_*.json)")
@@ -159,21 +148,19 @@ def main():
     p = make_problem(D, H, E, K, T)
     nflop = T * K * D * H
     key = f"{D}x{H}"
+    commit = git_commit()
     every = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "shape": a.shape, "runs": []}
+             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "shape": a.shape,
+             "precision": "bf16", "commit": commit and commit["commit"], "runs": []}
     for kernel in a.kernels:
         results = []
         first_outs = None
-        cands = ROW_CANDIDATES.get(kernel) or WGRAD_CANDIDATES
-        for cand in cands:
+        for cfg in CANDIDATES[kernel]:
+            cand = cfg.to_record()
             t0 = time.time()
             try:
-                if kernel in ROW_CANDIDATES:
-                    cfg = TileConfig(*cand)
-                    with override_tile_config(kernel, cfg):
-                        ms, outs = bench(row_call(kernel, p))
-                else:
-                    ms, outs = bench(wgrad_call(kernel.split("_")[1], p, cand))
+                with override_tile_config(kernel, cfg):
+                    ms, outs = bench(kernel_call(kernel, p))
             except Exception as e:  # a config can exceed shared memory or registers: skip it, say so
                 print(f"  {kernel} {cand}: failed ({type(e).__name__}: {str(e)[:80]})", flush=True)
                 continue
@@ -185,7 +172,7 @@ def main():
             tf = FLOPS_PER_NDH[kernel] * nflop / ms / 1e9
             results.append((ms, cand))
             every["runs"].append({"kernel": kernel, "config": cand, "ms": ms, "tflops": tf})
-            print(f"  {kernel:<13} {str(cand):<90} {ms:7.3f} ms {tf:6.0f} TFLOP/s ({time.time() - t0:.0f}s)", flush=True)
+            print(f"  {kernel:<13} {str(tuple(cand.values())):<60} {ms:7.3f} ms {tf:6.0f} TFLOP/s ({time.time() - t0:.0f}s)", flush=True)
         if results:
             ms, best = min(results, key=lambda r: r[0])
             print(f"best {kernel}: {best} {ms:.3f} ms", flush=True)

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from titan_megamoe.reference import moe_reference
-
 ROUTINGS = ("random", "skewed", "empty_experts", "one_expert", "duplicate_choices")
 
 
@@ -73,6 +71,9 @@ def forward_backward(fn, case: Case, dout: torch.Tensor, cast=None):
 
 def reference_results(case: Case, dout: torch.Tensor):
     """(float64 oracle, the same math done by PyTorch in bf16)."""
+    # imported here: scripts/compare_revisions.py uses make_case with older revisions of the package
+    from titan_megamoe.oracle import moe_reference
+
     ref64 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.float64), case, dout, torch.float64)
     torch_bf16 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.bfloat16), case, dout)
     return ref64, torch_bf16

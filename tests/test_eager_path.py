@@ -8,7 +8,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 import titan_megamoe
-import titan_megamoe.kernels.pipeline as pipeline
+import titan_megamoe.pipeline as pipeline
 from moe_cases import forward_backward, make_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest)

@@ -1,27 +1,28 @@
 """Expert weight-gradient kernels (titan_megamoe/kernels/wgrad.py) against a float64 oracle.
 
-Runs under the Triton interpreter on CPU (TRITON_INTERPRET=1 is set below, before triton is imported;
-export TRITON_INTERPRET=0 on a GPU machine to run the same cases compiled on CUDA). Tolerance, the
-FlashAttention rule: |kernel - ref64|.max() <= 2 * |torch_bf16 - ref64|.max() + 1e-5, where torch_bf16 does
-the same GEMMs in bf16 per expert. Outputs are poisoned with NaN before each call, so a tile the kernel
-fails to write (an empty expert, a ragged edge) fails the test.
+On CPU the kernels run in Triton's interpreter (tests/conftest.py chooses it before triton is imported);
+on a GPU host the same cases run compiled on CUDA. Tolerance, the FlashAttention rule:
+|kernel - ref64|.max() <= 2 * |torch_bf16 - ref64|.max() + 1e-5, where torch_bf16 does the same GEMMs in
+bf16 per expert. Outputs are poisoned with NaN (TITAN_MEGAMOE_POISON=1), so a tile the kernel fails to
+write (an empty expert, a ragged edge) fails the test.
 """
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of triton
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from titan_megamoe.kernels import wgrad  # noqa: E402
-from titan_megamoe.routing import build_routing, check_routing_invariants  # noqa: E402
+from titan_megamoe import oracle
+from titan_megamoe.kernels import wgrad
+from titan_megamoe.kernels.common import INTERPRET
+from titan_megamoe.kernels.configs import TileConfig, override_tile_config
 
 
 def _patch_interpreter_for_numpy_2_4() -> None:
@@ -42,27 +43,24 @@ def _patch_interpreter_for_numpy_2_4() -> None:
     interp._megamoe_index_fix = True
 
 
-if wgrad._INTERPRETED:
+if INTERPRET:
     _patch_interpreter_for_numpy_2_4()
-    DEVICE = "cpu"
-else:
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "titan_megamoe.kernels.wgrad was imported before TRITON_INTERPRET=1 was set and there is no "
-            "GPU: run this file on its own (`TRITON_INTERPRET=1 pytest tests/test_kernel_wgrad.py`)"
-        )
-    DEVICE = "cuda"
+DEVICE = "cpu" if INTERPRET else "cuda"
+pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU or Triton's interpreter (TRITON_INTERPRET=1)")
 
-# tiny tiles for the interpreter; the variants cover ragged edges, persistence, split-k, visit order
-SMALL = dict(block_m=16, block_n=32, block_k=16)
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
+
+
+# tiny tiles for the interpreter; the variants cover ragged edges and the TMA operand
+SMALL = TileConfig(16, 32, 16, 4, 1)
 CONFIGS = {
     "base": SMALL,
-    "persistent": dict(SMALL, num_programs=3, heavy_first=False),
-    "split3": dict(SMALL, split_k=3),
-    "wide": dict(block_m=32, block_n=32, block_k=32),
-    "scale_dout": dict(SMALL, scale_b=False),  # dW2's score applied to dout (A) instead of h (B)
-    "tma": dict(SMALL, tma=True),  # the sorted operand through a TMA descriptor
-    "tma_split3": dict(SMALL, tma=True, split_k=3),  # descriptor rows run into the next split's rows
+    "wide": TileConfig(32, 32, 32, 4, 1),
+    "tma": TileConfig(16, 32, 16, 4, 1, tma=True),  # the sorted operand through a TMA descriptor
 }
 
 # name: (T, K, E, D, H)
@@ -93,14 +91,14 @@ def _problem(case: str, seed: int = 0):
     T, K, E, D, H = CASES[case]
     gen = torch.Generator().manual_seed(seed)
     ids_TK = _topk_ids(case, T, K, E, gen)
-    routing = build_routing(ids_TK, E)
-    check_routing_invariants(routing, ids_TK, E)
-    tok = routing.order_N.long() // K
-    experts = ids_TK.reshape(-1)[routing.order_N.long()]
+    plan = oracle.routing_plan(ids_TK, E, block_m=16)
+    oracle.check_routing_invariants(plan, ids_TK)
+    tok = plan.order_N.long() // K
+    experts = ids_TK.reshape(-1)[plan.order_N.long()]
     x = torch.randn(T, D, generator=gen)
     w1, w3 = (0.02 * torch.randn(E, H, D, generator=gen) for _ in range(2))
     w2 = 0.02 * torch.randn(E, D, H, generator=gen)
-    scores = torch.softmax(torch.randn(T, K, generator=gen), dim=1).reshape(-1)[routing.order_N.long()]
+    scores = torch.softmax(torch.randn(T, K, generator=gen), dim=1).reshape(-1)[plan.order_N.long()]
     dout = torch.randn(T, D, generator=gen)
     g = torch.einsum("nd,nhd->nh", x[tok], w1[experts])
     u = torch.einsum("nd,nhd->nh", x[tok], w3[experts])
@@ -110,10 +108,9 @@ def _problem(case: str, seed: int = 0):
     dg = dh * u * sig * (1 + g * (1 - sig))
     du = dh * F.silu(g)
     bf = lambda t: t.to(torch.bfloat16).to(DEVICE).contiguous()  # noqa: E731
-    return dict(
-        x=bf(x), dout=bf(dout), h=bf(h), dg=bf(dg), du=bf(du), scale=scores.float().to(DEVICE),
-        order=routing.order_N.to(DEVICE), offsets=routing.offsets_E1.to(DEVICE), K=K, E=E, D=D, H=H,
-    )  # fmt: skip
+    # hs = s*h rounded once to bf16, as the dgrad epilogue writes dW2's operand
+    return dict(x=bf(x), dout=bf(dout), hs=bf(scores[:, None] * h), dg=bf(dg), du=bf(du),
+                plan=oracle.RoutingPlan.from_packed(plan.packed.to(DEVICE), plan.layout), E=E, D=D, H=H)
 
 
 def _assert_close(name, out, ref64, ref_bf16):
@@ -123,28 +120,27 @@ def _assert_close(name, out, ref64, ref_bf16):
     assert err <= 2 * err_torch + 1e-5, f"{name}: max error {err:.3e} > 2 * torch bf16 error {err_torch:.3e} + 1e-5"
 
 
-def _nan(shape, dtype):
-    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+def _configured(cfg):
+    stack = contextlib.ExitStack()
+    for kernel in ("wgrad_w2", "wgrad_w13"):
+        stack.enter_context(override_tile_config(kernel, cfg))
+    return stack
 
 
-def _check_w2(p, out_dtype, use_scale, cfg):
-    scale = p["scale"] if use_scale else None
-    args = (p["dout"], p["h"], scale, p["order"], p["offsets"], p["K"])
-    out = _nan((p["E"], p["D"], p["H"]), out_dtype)
-    res = wgrad.expert_wgrad_w2(*args, out_dtype, out=out, **cfg)
-    assert res is out
-    ref64 = wgrad.expert_wgrad_w2_reference(*args, torch.float64)
-    ref_bf16 = wgrad.expert_wgrad_w2_reference(*args, torch.bfloat16)
+def _check_w2(p, out_dtype, cfg):
+    with _configured(cfg):
+        out = wgrad.expert_wgrad_w2(p["dout"], p["hs"], p["plan"], out_dtype)
+    assert out.shape == (p["E"], p["D"], p["H"]) and out.dtype == out_dtype
+    ref64 = oracle.wgrad_w2_reference(p["dout"], p["hs"], p["plan"], torch.float64)
+    ref_bf16 = oracle.wgrad_w2_reference(p["dout"], p["hs"], p["plan"], torch.bfloat16)
     _assert_close("dW2", out, ref64, ref_bf16)
 
 
 def _check_w13(p, out_dtype, cfg):
-    args = (p["dg"], p["du"], p["x"], p["order"], p["offsets"], p["K"])
-    outs = (_nan((p["E"], p["H"], p["D"]), out_dtype), _nan((p["E"], p["H"], p["D"]), out_dtype))
-    dw1, dw3 = wgrad.expert_wgrad_w13(*args, out_dtype, out=outs, **cfg)
-    assert dw1 is outs[0] and dw3 is outs[1]
-    ref1_64, ref3_64 = wgrad.expert_wgrad_w13_reference(*args, torch.float64)
-    ref1_bf, ref3_bf = wgrad.expert_wgrad_w13_reference(*args, torch.bfloat16)
+    with _configured(cfg):
+        dw1, dw3 = wgrad.expert_wgrad_w13(p["dg"], p["du"], p["x"], p["plan"], out_dtype)
+    ref1_64, ref3_64 = oracle.wgrad_w13_reference(p["dg"], p["du"], p["x"], p["plan"], torch.float64)
+    ref1_bf, ref3_bf = oracle.wgrad_w13_reference(p["dg"], p["du"], p["x"], p["plan"], torch.bfloat16)
     _assert_close("dW1", dw1, ref1_64, ref1_bf)
     _assert_close("dW3", dw3, ref3_64, ref3_bf)
 
@@ -153,45 +149,34 @@ def _check_w13(p, out_dtype, cfg):
 @pytest.mark.parametrize("case", list(CASES))
 def test_wgrad_routing_cases(case, out_dtype):
     p = _problem(case)
-    _check_w2(p, out_dtype, use_scale=True, cfg=SMALL)
+    _check_w2(p, out_dtype, cfg=SMALL)
     _check_w13(p, out_dtype, cfg=SMALL)
 
 
 @pytest.mark.parametrize(
-    "case, config", [("empty", "persistent"), ("skewed", "persistent"), ("skewed", "split3"), ("empty", "split3"),
-                     ("random", "wide"), ("skewed", "scale_dout"), ("random", "tma"), ("skewed", "tma"),
-                     ("empty", "tma"), ("all_one", "tma_split3"), ("skewed", "tma_split3")]
+    "case, config", [("random", "wide"), ("random", "tma"), ("skewed", "tma"), ("empty", "tma"), ("all_one", "tma")]
 )  # fmt: skip
 def test_wgrad_config_variants(case, config):
     p = _problem(case, seed=1)
-    _check_w2(p, torch.bfloat16, use_scale=True, cfg=CONFIGS[config])
-    _check_w2(p, torch.float32, use_scale=False, cfg=CONFIGS[config])  # as the pipeline calls it (s*h given)
+    _check_w2(p, torch.bfloat16, cfg=CONFIGS[config])
+    _check_w2(p, torch.float32, cfg=CONFIGS[config])
     _check_w13(p, torch.float32, cfg=CONFIGS[config])
-
-
-def test_wgrad_w2_without_scale_and_default_allocation():
-    p = _problem("random", seed=2)
-    args = (p["dout"], p["h"], None, p["order"], p["offsets"], p["K"])
-    out = wgrad.expert_wgrad_w2(*args, torch.float32, **SMALL)
-    assert out.shape == (p["E"], p["D"], p["H"]) and out.dtype == torch.float32
-    ref64 = wgrad.expert_wgrad_w2_reference(*args, torch.float64)
-    _assert_close("dW2", out, ref64, wgrad.expert_wgrad_w2_reference(*args, torch.bfloat16))
 
 
 def test_wgrad_rejects_bad_inputs():
     p = _problem("random")
-    args = (p["order"], p["offsets"], p["K"], torch.bfloat16)
+    plan = p["plan"]
     with pytest.raises(ValueError, match="contiguous"):
-        wgrad.expert_wgrad_w2(p["dout"].t().contiguous().t(), p["h"], None, *args)
+        wgrad.expert_wgrad_w2(p["dout"].t().contiguous().t(), p["hs"], plan, torch.bfloat16)
     with pytest.raises(ValueError, match="bfloat16"):
-        wgrad.expert_wgrad_w13(p["dg"].float(), p["du"], p["x"], *args)
+        wgrad.expert_wgrad_w13(p["dg"].float(), p["du"], p["x"], plan, torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 16"):
-        wgrad.expert_wgrad_w13(p["dg"][:, :24].contiguous(), p["du"][:, :24].contiguous(), p["x"], *args)
+        wgrad.expert_wgrad_w13(p["dg"][:, :24].contiguous(), p["du"][:, :24].contiguous(), p["x"], plan,
+                               torch.bfloat16)
     with pytest.raises(ValueError, match="out_dtype"):
-        wgrad.expert_wgrad_w2(p["dout"], p["h"], None, *args[:3], torch.float16)
-    with pytest.raises(TypeError, match="unknown wgrad config"):
-        wgrad.expert_wgrad_w2(p["dout"], p["h"], None, *args, blockm=16)
-
+        wgrad.expert_wgrad_w2(p["dout"], p["hs"], plan, torch.float16)
+    with pytest.raises(ValueError, match="unknown fields"):
+        TileConfig.from_record({"blockm": 16})
 
 
 # Runs in a fresh process: once triton is imported with TRITON_INTERPRET=1 its own library functions
@@ -202,34 +187,33 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from titan_megamoe.kernels import wgrad
+from titan_megamoe.kernels.configs import tile_config
 
 def compile_sm90(kind):
-    # the launch the pipeline makes: dW2 over (gathered dout, sorted s*h, no per-row scale), dW1/dW3 over
-    # (sorted dg, du, gathered x); with the table's `tma` the sorted operand is a TMA descriptor
-    cfg = wgrad.wgrad_config(kind, 2048, 768)
+    # the launch the pipeline makes: dW2 over (gathered dout, sorted s*h), dW1/dW3 over (sorted dg, du,
+    # gathered x); with the table's `tma` the sorted operand is a TMA descriptor
+    cfg = tile_config(f"wgrad_{kind}", 2048, 768)
     w2 = kind == "w2"
-    bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
-    tma = bool(cfg["tma"])
-    ptrs = dict(a_ptr="*bf16", a2_ptr="*bf16", b_ptr="*bf16", scale_ptr="*fp32", order_ptr="*i32",
-                offsets_ptr="*i32", expert_slot_ptr="*i32", c_ptr="*bf16", c2_ptr="*bf16")
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    tma = cfg.tma
+    ptrs = dict(a_ptr="*bf16", a2_ptr="*bf16", b_ptr="*bf16", order_ptr="*i32", offsets_ptr="*i32",
+                expert_slot_ptr="*i32", c_ptr="*bf16", c2_ptr="*bf16")
     descs = {}
     if tma and w2:
         descs = dict(b_ptr=f"tensordesc<bf16[{bk}, {bn}]>")
     elif tma:
         descs = dict(a_ptr=f"tensordesc<bf16[{bk}, {bm}]>", a2_ptr=f"tensordesc<bf16[{bk}, {bm}]>")
-    ints = dict.fromkeys(["M", "N", "stride_a", "stride_b", "stride_cs", "stride_ce", "stride_cm", "num_tiles"], "i32")
+    ints = dict.fromkeys(["M", "N", "stride_a", "stride_b", "stride_ce", "stride_cm"], "i32")
     constexprs = dict(
-        TOP_K=8, A_GATHER=w2, B_GATHER=not w2, HAS_SCALE=False, SCALE_B=bool(cfg["scale_b"]), DUAL=not w2,
-        HEAVY_FIRST=bool(cfg["heavy_first"]), SPLIT_K=cfg["split_k"], EVEN_M=True, EVEN_N=True,
-        PERSISTENT=cfg["num_programs"] is not None, OUT_BF16=True, SORTED_TMA=tma, INTERP=False,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        TOP_K=8, A_GATHER=w2, B_GATHER=not w2, DUAL=not w2, EVEN_M=True, EVEN_N=True, OUT_BF16=True,
+        SORTED_TMA=tma, INTERPRET=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
     ptrs.update(descs)
     signature = {**ptrs, **ints, **dict.fromkeys(constexprs, "constexpr")}
     aligned = (set(ptrs) - set(descs)) | {"M", "N", "stride_a", "stride_b", "stride_ce", "stride_cm"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
     src = ASTSource(wgrad._expert_wgrad_kernel, signature, constexprs, attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+                       options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"]); f.flush()

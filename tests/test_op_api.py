@@ -5,7 +5,7 @@ import torch
 
 import titan_megamoe
 from moe_cases import make_case
-from titan_megamoe.reference import moe_reference
+from titan_megamoe.oracle import moe_reference
 
 
 def _inputs(T=5, D=16, H=8, E=4, K=2):
@@ -104,7 +104,7 @@ def test_fake_impl_gives_shapes_for_compile():
         fake = [mode.from_tensor(t) for t in case.inputs()]
         out, g, u, meta = torch.ops.titan_megamoe.moe_forward(*fake, "bf16", "triton")
     from titan_megamoe.kernels.configs import row_block_m
-    from titan_megamoe.routing import max_tiles
+    from titan_megamoe.plan import max_tiles
 
     # order + inverse (N each), offsets (E+1), tile expert + tile row (n_tiles each), the ids-in-range flag
     n_tiles = max_tiles(12, 4, row_block_m())

@@ -8,7 +8,8 @@ of the gate weight, for softmax and sigmoid scoring, with and without expert bia
 import pytest
 import torch
 
-from titan_megamoe.router import router_reference, topk_route
+from titan_megamoe.oracle import router_reference
+from titan_megamoe.router import topk_route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -121,7 +122,20 @@ def test_bad_router_arguments_are_named():
         topk_route(logits[0], None, 2)
 
 
-def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match="router_reference"):
-        topk_route(torch.randn(4, 8), None, 2)
+def test_cpu_without_the_interpreter_is_a_clear_error():
+    """Whether the kernels are interpreted is fixed when they are defined (TRITON_INTERPRET at import),
+    so a CPU process without the interpreter is checked in a child process."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = """
+import pytest, torch
+from titan_megamoe.router import topk_route
+with pytest.raises(ValueError, match="router_reference"):
+    topk_route(torch.randn(4, 8), None, 2)
+print("clear error")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "clear error" in proc.stdout, proc.stdout + proc.stderr

@@ -4,15 +4,16 @@ import pytest
 import torch
 
 from moe_cases import ROUTINGS, make_ids
-from titan_megamoe.routing import build_routing, check_routing_invariants, max_tiles, tile_schedule
+from titan_megamoe.oracle import check_routing_invariants, routing_plan, tile_schedule
+from titan_megamoe.plan import max_tiles
 
 
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("T,E,K", [(1, 4, 1), (3, 8, 2), (257, 16, 4), (1000, 60, 4), (64, 256, 16)])
 def test_routing_invariants(routing, T, E, K):
     ids = make_ids(T, E, min(K, E), routing, torch.Generator().manual_seed(T * E))
-    r = build_routing(ids, E)
-    check_routing_invariants(r, ids, E)
+    r = routing_plan(ids, E, block_m=16)
+    check_routing_invariants(r, ids)
 
 
 @pytest.mark.parametrize("block_m", [16, 128])
@@ -20,7 +21,7 @@ def test_routing_invariants(routing, T, E, K):
 def test_tile_schedule_covers_every_row_once(block_m, routing):
     T, E, K = 300, 12, 3
     ids = make_ids(T, E, K, routing, torch.Generator().manual_seed(1))
-    r = build_routing(ids, E)
+    r = routing_plan(ids, E, block_m)
     tile_expert, tile_row = tile_schedule(r.offsets_E1, T * K, block_m)
     assert tile_expert.numel() == max_tiles(T * K, E, block_m)
     covered = torch.zeros(T * K, dtype=torch.int64)
@@ -44,14 +45,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton inter
                                            # N over several 1024-row permutation programs and 64-tile schedule programs
                                            (1500, 256, 3, 16), (2500, 7, 2, 128)])
 def test_routing_kernel_matches_torch_routing(routing, T, E, K, block_m):
-    """The one-launch Triton routing plan equals the torch oracle (`routing.build_routing` + `tile_schedule`)."""
-    from titan_megamoe.kernels.routing_meta import build_routing_plan, packed_size
+    """The one-launch Triton routing plan equals the torch oracle (`oracle.routing_plan`)."""
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+    from titan_megamoe.plan import PlanLayout
 
     ids = make_ids(T, E, min(K, E), routing, torch.Generator().manual_seed(T + E)).to(DEVICE)
-    ref = build_routing(ids, E)
-    ref_expert, ref_row = tile_schedule(ref.offsets_E1, T * K, block_m)
-    packed, plan = build_routing_plan(ids, E, block_m)
-    assert packed.numel() == packed_size(T * K, E, block_m) and packed.dtype == torch.int32
+    ref = routing_plan(ids, E, block_m)
+    ref_expert, ref_row = ref.tile_expert, ref.tile_row
+    plan = build_routing_plan(ids, E, block_m)
+    packed = plan.packed
+    assert packed.numel() == PlanLayout(T * K, E, block_m, K).packed_size and packed.dtype == torch.int32
+    assert plan.layout == ref.layout
     assert torch.equal(plan.order_N, ref.order_N)
     assert torch.equal(plan.inv_N, ref.inv_N)
     assert torch.equal(plan.offsets_E1, ref.offsets_E1)
@@ -68,5 +72,32 @@ def test_routing_kernel_flags_out_of_range_ids(bad_id, dtype):
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
     ids = torch.tensor([[0, 1], [2, 3], [1, bad_id]], device=DEVICE, dtype=dtype)
-    _, plan = build_routing_plan(ids, 4, 16)
+    plan = build_routing_plan(ids, 4, 16)
     assert int(plan.ids_ok) == 0
+
+
+@pytest.mark.parametrize("source", ["gather", "contiguous"])
+def test_plan_for_local_experts_of_a_rank(source):
+    """An EP rank owns experts [first, first + E_local): its plan maps global ids to local ones, over
+    token-gathered rows ([T, K] ids) or a contiguous buffer of received rows ([N] ids, one row each)."""
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+    from titan_megamoe.plan import RowSource
+
+    gen = torch.Generator().manual_seed(3)
+    first, local = 8, 4
+    ids = first + make_ids(50, local, 2, "skewed", gen)
+    if source == "contiguous":
+        ids = ids.reshape(-1)[torch.randperm(100, generator=gen)]
+    ids = ids.to(DEVICE)
+    plan = build_routing_plan(ids, local, 16, first_expert=first)
+    ref = routing_plan(ids, local, 16, first_expert=first)
+    check_routing_invariants(plan, ids)
+    assert plan.layout == ref.layout and plan.layout.rows_per_token == (2 if source == "gather" else 1)
+    assert plan.layout.source is RowSource(source)
+    for name in ("order_N", "inv_N", "offsets_E1", "tile_expert"):
+        assert torch.equal(getattr(plan, name), getattr(ref, name)), name
+    assert int(plan.ids_ok) == 1
+    # a global id of another rank's expert is out of this rank's range
+    bad = ids.clone()
+    bad.view(-1)[0] = first - 1
+    assert int(build_routing_plan(bad, local, 16, first_expert=first).ids_ok) == 0

@@ -17,22 +17,30 @@ def _tuner():
 def test_merge_keeps_fastest_config_per_kernel(tmp_path, monkeypatch):
     tuner = _tuner()
     table = tmp_path / "tuned_configs.json"
-    table.write_text(json.dumps({"configs": {"2048x768": {"gemm2": [128, 256, 64, 8, 3]}}, "measured": {}}))
+    gemm2 = {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 3, "tma": False,
+             "split": False, "warp_specialize": False}
+    table.write_text(json.dumps({"configs": {"bf16": {"2048x768": {"gemm2": gemm2}}}, "measured": {}}))
     monkeypatch.setattr(tuner.configs, "TABLE_PATH", table)
     run = {"gpu": "NVIDIA H200", "date": "2026-12-02T15:47:00+00:00", "shape": [4096, 1536, 128, 8, 16384],
            "runs": [{"kernel": "dx", "config": [128, 128, 64, 8, 3], "ms": 7.6, "tflops": 431.0},
                     {"kernel": "dx", "config": [128, 256, 32, 8, 4], "ms": 5.8, "tflops": 564.0},
-                    {"kernel": "wgrad_w2", "config": {"block_m": 128, "num_warps": 8}, "ms": 4.2, "tflops": 388.0}]}
+                    {"kernel": "wgrad_w2", "config": {"block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8,
+                                                      "num_stages": 5}, "ms": 4.2, "tflops": 388.0}]}
     tuner.merge_run(run)
     out = json.loads(table.read_text())
-    assert out["configs"]["2048x768"] == {"gemm2": [128, 256, 64, 8, 3]}, "other shapes stay untouched"
-    assert out["configs"]["4096x1536"] == {"dx": [128, 256, 32, 8, 4], "wgrad_w2": {"block_m": 128, "num_warps": 8}}
-    assert out["measured"]["4096x1536"]["dx"]["ms"] == 5.8
-    assert out["measured"]["4096x1536"]["dx"]["gpu"] == "NVIDIA H200"
+    C = tuner.TileConfig
+    assert out["configs"]["bf16"]["2048x768"] == {"gemm2": gemm2}, "other shapes stay untouched"
+    # recorded configs (positional lists of older runs, or named fields) are written with named fields
+    assert out["configs"]["bf16"]["4096x1536"] == {"dx": C(128, 256, 32, 8, 4).to_record(),
+                                                   "wgrad_w2": C(128, 128, 32, 8, 5).to_record()}
+    assert out["measured"]["bf16"]["4096x1536"]["dx"]["ms"] == 5.8
+    assert out["measured"]["bf16"]["4096x1536"]["dx"]["gpu"] == "NVIDIA H200"
 
 
 def test_shipped_table_matches_recorded_runs():
     """Every measured entry of the shipped table is the fastest candidate of a committed run."""
+    from titan_megamoe.kernels.configs import TileConfig
+
     shipped = json.loads((ROOT / "titan_megamoe" / "kernels" / "tuned_configs.json").read_text())
     runs = [json.loads(p.read_text()) for p in sorted((ROOT / "docs" / "results").glob("tune_*.json"))]
     assert runs, "the table must come from committed runs"
@@ -40,5 +48,7 @@ def test_shipped_table_matches_recorded_runs():
         key = "{}x{}".format(*run["shape"][:2])
         for kernel in {r["kernel"] for r in run["runs"]}:
             best = min((r for r in run["runs"] if r["kernel"] == kernel), key=lambda r: r["ms"])
-            if shipped["measured"][key][kernel]["date"] == run["date"][:10]:
-                assert shipped["configs"][key][kernel] == best["config"], (key, kernel)
+            precision = run.get("precision", "bf16")
+            if shipped["measured"][precision][key][kernel]["date"] == run["date"][:10]:
+                want = TileConfig.from_record(best["config"])
+                assert TileConfig.from_record(shipped["configs"][precision][key][kernel]) == want, (key, kernel)

@@ -1,10 +1,11 @@
-"""The fused MoE as a torch.library custom op with registered autograd, and the public `moe` function.
+"""The public `moe` function, the fused op as a torch.library custom op, and its one autograd path.
 
-`titan_megamoe::moe_forward` runs the Triton pipeline and returns the output plus the residuals the
-backward needs (gate and up in expert-sorted order, and the routing metadata). Because the
-residuals are op outputs, op-level selective activation checkpointing can save the whole op (see
-`integrations.torchtitan`) or recompute it like stock's grouped GEMMs. The fake implementations make
-the op traceable by torch.compile.
+`titan_megamoe::moe_forward` runs the Triton pipeline and returns the output followed by the residuals
+the backward needs (`pipeline.residual_specs`: gate and up in expert-sorted order, the packed routing
+plan). Because the residuals are op outputs, op-level selective activation checkpointing can save the
+whole op (see `integrations.torchtitan`) or recompute it like stock's grouped GEMMs. The fake
+implementations make the op traceable by torch.compile; they take every shape and dtype from the
+pipeline and the precision recipe.
 
 In plain eager mode `moe()` skips the dispatcher: an autograd.Function calls the same pipeline
 functions directly. torch's custom-op autograd wrapper costs ~100 us of host time per forward (measured
@@ -12,6 +13,7 @@ on CPU; `torch._library.utils.fill_defaults` alone rebuilds the schema's argumen
 and in the forward that host time is GPU idle time before GEMM1. Whenever something may need to see the
 op (torch.compile tracing, or any TorchDispatchMode such as selective activation checkpointing's caching
 mode or FakeTensorMode) the custom op is used, so SAC can save or recompute it and compile can trace it.
+Both paths save the same tensors and run the same backward (`_save`, `_gradients`).
 
 The reference backend is plain differentiable PyTorch (autograd records it like stock's MoE), not
 a custom op: a custom op's implementation runs below autograd, and the reference is most useful as an
@@ -25,12 +27,11 @@ import os
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .precision import Precision, check_precision_supported
-from .reference import moe_reference
+from .oracle import moe_reference
+from .precision import recipe_for
 from .validation import check_backend, check_expert_ids, validate_moe_inputs
 
 _LIB = "titan_megamoe"
-_COMPUTE_DTYPE = {Precision.BF16.value: torch.bfloat16}
 
 
 def _triton_available_on(device: torch.device) -> bool:
@@ -51,16 +52,6 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _residual_shapes(x, ids, w1):
-    from .kernels.configs import row_block_m
-    from .kernels.routing_meta import packed_size
-
-    T, _ = x.shape
-    N = T * ids.shape[1]
-    E, H, _ = w1.shape
-    return (N, H), (N, H), (packed_size(N, E, row_block_m()),)
-
-
 @torch.library.custom_op(f"{_LIB}::moe_forward", mutates_args=())
 def moe_forward(
     x_TD: torch.Tensor,
@@ -71,20 +62,22 @@ def moe_forward(
     w3_EHD: torch.Tensor,
     precision: str,
     backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> list[torch.Tensor]:
     # host check on CPU (or TITAN_MEGAMOE_DEBUG=1); on CUDA the pipeline asserts asynchronously
     check_expert_ids(topk_ids_TK, w1_EHD.shape[0], device_check=False)
-    from .kernels.pipeline import fused_moe_forward
+    from .pipeline import fused_moe_forward
 
-    return fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD)
+    out, residuals = fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
+                                       recipe_for(precision))
+    return [out, *residuals]
 
 
 @moe_forward.register_fake
 def _(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, precision, backend):
-    out = x_TD.new_empty(x_TD.shape)
-    g, u, meta = _residual_shapes(x_TD, topk_ids_TK, w1_EHD)
-    bf = torch.bfloat16
-    return out, x_TD.new_empty(g, dtype=bf), x_TD.new_empty(u, dtype=bf), x_TD.new_empty(meta, dtype=torch.int32)
+    from .pipeline import residual_specs
+
+    specs = residual_specs(x_TD, topk_ids_TK, w1_EHD, recipe_for(precision))
+    return [x_TD.new_empty(x_TD.shape), *(x_TD.new_empty(shape, dtype=dtype) for shape, dtype in specs)]
 
 
 @torch.library.custom_op(f"{_LIB}::moe_backward", mutates_args=())
@@ -96,44 +89,64 @@ def moe_backward(
     w1_EHD: torch.Tensor,
     w2_EDH: torch.Tensor,
     w3_EHD: torch.Tensor,
-    saved_gate: torch.Tensor,
-    saved_up: torch.Tensor,
-    saved_routing: torch.Tensor,
+    residuals: list[torch.Tensor],
     precision: str,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dout_TD = dout_TD.contiguous()
-    from .kernels.pipeline import fused_moe_backward
+    from .pipeline import fused_moe_backward
 
-    return fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
-                              saved_gate, saved_up, saved_routing)
+    return fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, residuals,
+                              recipe_for(precision))
 
 
 @moe_backward.register_fake
-def _(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, g, u, meta, precision, backend):
+def _(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, residuals, precision, backend):
     return tuple(t.new_empty(t.shape) for t in (x_TD, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD))
 
 
+# ------------------------------------------------------------------------------------------------
+# The one autograd path: what is saved, and how the backward runs, for the custom op and the eager path
+# ------------------------------------------------------------------------------------------------
+
+
+def _save(ctx, inputs, residuals, precision: str, backend: str) -> None:
+    ctx.save_for_backward(*inputs, *residuals)
+    ctx.num_inputs = len(inputs)
+    ctx.precision, ctx.backend = precision, backend
+
+
+def _gradients(ctx, dout, backward_fn):
+    """(dx, dscores, dw1, dw2, dw3) from the saved tensors; None for all when dout is None (the output
+    did not reach the loss)."""
+    if dout is None:
+        return (None,) * 5
+    saved = ctx.saved_tensors
+    x, ids, scores, w1, w2, w3 = saved[: ctx.num_inputs]
+    return backward_fn(dout, x, ids, scores, w1, w2, w3, list(saved[ctx.num_inputs:]), ctx.precision, ctx.backend)
+
+
 def _setup_context(ctx, inputs, output):
-    x, ids, scores, w1, w2, w3, precision, backend = inputs
-    ctx.save_for_backward(x, ids, scores, w1, w2, w3, *output[1:])
+    *tensors, precision, backend = inputs
+    _save(ctx, tensors, output[1:], precision, backend)
     # the residual outputs carry no gradient: without these two lines autograd materialises zero
     # gradients for them (two [N, H] fills, measured 0.12 ms per backward at the 30B shape)
     ctx.mark_non_differentiable(*output[1:])
     # ... and since they never get one, autograd must not fill zeros for them either (it does by default)
     ctx.set_materialize_grads(False)
-    ctx.precision, ctx.backend = precision, backend
 
 
-def _backward(ctx, dout, *_residual_grads):
-    if dout is None:  # the output did not reach the loss: every gradient is zero
-        return (None,) * 8
-    x, ids, scores, w1, w2, w3, g, u, meta = ctx.saved_tensors
-    dx, ds, dw1, dw2, dw3 = moe_backward(dout, x, ids, scores, w1, w2, w3, g, u, meta, ctx.precision, ctx.backend)
+def _backward(ctx, grads):
+    dx, ds, dw1, dw2, dw3 = _gradients(ctx, grads[0], moe_backward)
     return dx, None, ds, dw1, dw2, dw3, None, None
 
 
 moe_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _pipeline_backward(dout, x, ids, scores, w1, w2, w3, residuals, precision, backend):
+    from .pipeline import fused_moe_backward
+
+    return fused_moe_backward(dout, x, ids, scores, w1, w2, w3, residuals, recipe_for(precision))
 
 
 class _FusedMoEEager(torch.autograd.Function):
@@ -141,20 +154,18 @@ class _FusedMoEEager(torch.autograd.Function):
     docstring). Same kernels, same residuals, same results as the custom op."""
 
     @staticmethod
-    def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD):
-        from .kernels.pipeline import fused_moe_forward
+    def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe):
+        from .pipeline import fused_moe_forward
 
-        out, g, u, plan = fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD)
-        ctx.save_for_backward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, g, u, plan)
+        out, residuals = fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe)
+        _save(ctx, (x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD), residuals, recipe.precision.value,
+              "triton")
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        from .kernels.pipeline import fused_moe_backward
-
-        x, ids, scores, w1, w2, w3, g, u, plan = ctx.saved_tensors
-        dx, ds, dw1, dw2, dw3 = fused_moe_backward(dout.contiguous(), x, ids, scores, w1, w2, w3, g, u, plan)
-        return dx, None, ds, dw1, dw2, dw3
+        dx, ds, dw1, dw2, dw3 = _gradients(ctx, dout, _pipeline_backward)
+        return dx, None, ds, dw1, dw2, dw3, None
 
 
 def _op_must_be_visible() -> bool:
@@ -186,13 +197,13 @@ def moe(
     Differentiable in x, the three weights and the scores. Returns [T, D] in x's dtype.
     """
     validate_moe_inputs(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD)
-    p = check_precision_supported(precision, x_TD.device)
+    recipe = recipe_for(precision, x_TD.device)
     resolved = resolve_backend(backend, x_TD.device)
     if resolved == "reference":
         check_expert_ids(topk_ids_TK, w1_EFD.shape[0])
-        return moe_reference(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, _COMPUTE_DTYPE[p.value])
+        return moe_reference(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe.forward_operand)
     if _op_must_be_visible():
-        out, *_ = moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, p.value, resolved)
-        return out
+        p = recipe.precision.value
+        return moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, p, resolved)[0]
     check_expert_ids(topk_ids_TK, w1_EFD.shape[0], device_check=False)
-    return _FusedMoEEager.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD)
+    return _FusedMoEEager.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe)

@@ -1,8 +1,15 @@
-"""The precision enum: one source of truth for the names users may pass."""
+"""Precision: the names users may pass, and the recipe each one means for the kernels.
+
+A `Recipe` is what the pipeline and the fake implementation read instead of hard-coding a dtype: the
+operand dtype of the forward and backward GEMMs, the dtype of the saved residuals, and (for block FP8)
+the block shapes of the scales. Block-scaled operands travel as `BlockScaled` (data, scale, block), so
+kernels and launchers never take loose scale arguments.
+"""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import torch
 
@@ -24,11 +31,41 @@ class Precision(str, enum.Enum):
             ) from None
 
 
-IMPLEMENTED = (Precision.BF16,)
+@dataclass(frozen=True)
+class BlockScaled:
+    """A block-quantized operand: ``data`` (e.g. float8_e4m3fn) times one fp32 ``scale`` per block of
+    ``block`` elements (rows, cols): (1, 128) for activations, (128, 128) for weights."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    block: tuple[int, int]
 
 
-def check_precision_supported(precision: "str | Precision", device: torch.device | None = None) -> Precision:
-    """Raise a clear error for a precision that cannot run here; return the parsed enum."""
+@dataclass(frozen=True)
+class Recipe:
+    precision: Precision
+    forward_operand: torch.dtype  # operand dtype of GEMM1 / GEMM2
+    backward_operand: torch.dtype  # operand dtype of dgrad, dx and the weight gradients
+    activation: torch.dtype  # dtype of what the kernels write: g, u, h (saved for the backward), y and dx rows
+    activation_block: tuple[int, int] | None = None  # scale blocks of quantized activations
+    weight_block: tuple[int, int] | None = None  # scale blocks of quantized weights
+
+    def operand(self, t: torch.Tensor, backward: bool = False) -> torch.Tensor:
+        """t as a GEMM operand of this recipe: contiguous, in the operand dtype."""
+        dtype = self.backward_operand if backward else self.forward_operand
+        # checked in Python first: the no-op .to()/.contiguous() calls cost host time before GEMM1
+        if t.dtype is dtype and t.is_contiguous():
+            return t
+        return t.to(dtype).contiguous()
+
+
+RECIPES = {
+    Precision.BF16: Recipe(Precision.BF16, torch.bfloat16, torch.bfloat16, torch.bfloat16),
+}
+
+
+def recipe_for(precision: "str | Precision", device: torch.device | None = None) -> Recipe:
+    """The recipe of a precision that can run on `device`; a clear error otherwise."""
     p = Precision.parse(precision)
     if p is Precision.MXFP8:
         major = None
@@ -44,9 +81,14 @@ def check_precision_supported(precision: "str | Precision", device: torch.device
                 f"precision='mxfp8' needs a Blackwell GPU (sm_100 block-scaled MMA) but {where}; "
                 f"use precision='bf16' on Hopper"
             )
-    if p not in IMPLEMENTED:
+    if p not in RECIPES:
         raise NotImplementedError(
             f"precision={p.value!r} is not implemented yet in titan-megamoe; "
-            f"available now: {', '.join(repr(q.value) for q in IMPLEMENTED)}"
+            f"available now: {', '.join(repr(q.value) for q in RECIPES)}"
         )
-    return p
+    return RECIPES[p]
+
+
+def check_precision_supported(precision: "str | Precision", device: torch.device | None = None) -> Precision:
+    """Raise a clear error for a precision that cannot run here; return the parsed enum."""
+    return recipe_for(precision, device).precision

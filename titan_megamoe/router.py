@@ -6,29 +6,14 @@ logits. The backward is a few torch ops on [T, K] and [T, E] tensors (p is recom
     d s_j = d_j / S - sum_k d_k s_k / S^2    (route_norm, S = sum_k s_k + 1e-20; d = route_scale * grad)
     dz = p * (dp - sum_k d s_k s_k)           (softmax)      dz = dp * p * (1 - p)   (sigmoid)
 with dp the scatter of d s onto the chosen experts.
-`router_reference` is the same math in torch ops (stock's own code path), the oracle of the tests.
+`oracle.router_reference` is the same math in torch ops (stock's own code path), the oracle of the tests.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-
-def _probabilities(logits_TE: torch.Tensor, score_func: str) -> torch.Tensor:
-    z = logits_TE.to(torch.float32)
-    return F.softmax(z, dim=1) if score_func == "softmax" else torch.sigmoid(z)
-
-
-def router_reference(logits_TE, bias_E, top_k, score_func="softmax", route_norm=True, route_scale=1.0):
-    """TorchTitan 0.2.2's router after the gate (node-limited routing excluded): (scores, ids)."""
-    p = _probabilities(logits_TE, score_func)
-    choice = p if bias_E is None else p + bias_E
-    ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
-    s = p.gather(dim=1, index=ids)
-    if route_norm:
-        s = s / (s.sum(dim=-1, keepdim=True) + 1e-20)
-    return s * route_scale, ids
+from .oracle import router_probabilities
 
 
 class _TopKRouting(torch.autograd.Function):
@@ -50,7 +35,7 @@ class _TopKRouting(torch.autograd.Function):
         if route_norm:
             S = raw.sum(dim=1, keepdim=True) + 1e-20
             d = d / S - (d * raw).sum(dim=1, keepdim=True) / (S * S)
-        p = _probabilities(logits_TE, score_func)
+        p = router_probabilities(logits_TE, score_func)
         dp = torch.zeros_like(p).scatter_add_(1, ids, d)
         if score_func == "softmax":
             dz = p * (dp - (d * raw).sum(dim=1, keepdim=True))

@@ -1,4 +1,6 @@
-"""Argument checks for the public op: every error names the argument, what was expected and what came.
+"""Every argument check in one place: the public op, the kernels' shape rules, the kernel launchers'
+operands, the fused router and the tile configs. Each error names the argument, what was expected and
+what came, and where there is one, the fix.
 
 Shape, dtype and device checks are pure metadata (safe under torch.compile and CUDA graphs). The
 expert-id range check needs the values: it runs on the host for CPU tensors, and on CUDA as an
@@ -108,3 +110,71 @@ def check_expert_ids(topk_ids_TK: torch.Tensor, num_experts: int, device_check: 
     elif device_check:
         ok = (topk_ids_TK.min() >= 0) & (topk_ids_TK.max() < num_experts)
         torch._assert_async(ok, f"titan_megamoe.moe: topk_ids_TK out of range [0, {num_experts})")
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernel shapes, launcher operands, router arguments, tile configs
+# ------------------------------------------------------------------------------------------------
+
+ROW_ALIGN = 16  # D and H: pointer loads (no TMA) need 16-element (32 B) aligned rows
+
+
+def check_row_alignment(where: str, dims: dict[str, int], hint: str = "") -> None:
+    """The one shape rule every kernel shares: D and H must be multiples of ROW_ALIGN."""
+    for name, v in dims.items():
+        if v % ROW_ALIGN != 0:
+            raise ValueError(f"{where}: {name} must be a multiple of {ROW_ALIGN}, got {v}{hint}")
+
+
+def check_kernel_shapes(dim: int, hidden: int) -> None:
+    check_row_alignment("titan_megamoe.moe: backend='triton'",
+                        {"D (model dim)": dim, "H (expert hidden dim)": hidden},
+                        "; use backend='reference' for this shape")
+
+
+def check_kernel_operand(name: str, t: torch.Tensor, dtype: torch.dtype, ndim: int, device: torch.device) -> None:
+    if t.dtype != dtype or t.dim() != ndim or not t.is_contiguous() or t.device != device:
+        raise ValueError(
+            f"{name} must be a contiguous {ndim}-D {dtype} tensor on {device}; got {t.dtype} "
+            f"shape {tuple(t.shape)} contiguous={t.is_contiguous()} on {t.device}"
+        )
+
+
+def check_wgrad_out_dtype(out_dtype: torch.dtype) -> None:
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+
+
+def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_experts: int, interpreting: bool) -> None:
+    if logits_TE.dim() != 2 or not logits_TE.is_floating_point():
+        raise ValueError(f"router_topk: logits_TE must be a 2-D floating tensor [T, E], got {logits_TE.dtype} "
+                         f"of shape {tuple(logits_TE.shape)}")
+    if logits_TE.device.type != "cuda" and not interpreting:
+        raise ValueError(f"router_topk: the fused router runs on CUDA (or with TRITON_INTERPRET=1); logits are on "
+                         f"{logits_TE.device}. On CPU use titan_megamoe.oracle.router_reference")
+    E = logits_TE.shape[1]
+    if bias_E is not None and (bias_E.shape != (E,) or bias_E.device != logits_TE.device):
+        raise ValueError(f"router_topk: bias_E must have shape ({E},) on {logits_TE.device}, got "
+                         f"{tuple(bias_E.shape)} on {bias_E.device}")
+    if E > max_experts:
+        raise ValueError(f"router_topk: at most {max_experts} experts in one program's registers, got {E}; "
+                         f"use the stock router (mega_moe.fused_router=false)")
+    if score_func not in ("softmax", "sigmoid"):
+        raise ValueError(f"router_topk: score_func must be 'softmax' or 'sigmoid', got {score_func!r}")
+    if not 1 <= top_k <= E:
+        raise ValueError(f"router_topk: top_k must be in [1, {E}], got {top_k}")
+
+
+def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
+    """A forced tile config must fit its kernel: row-tiled kernels share the plan's BLOCK_M, `split`
+    exists only for dgrad, warp specialisation only for the TMA loops of gemm2 and dx."""
+    from .kernels.configs import KERNELS, ROW_KERNELS
+
+    if kernel not in KERNELS:
+        raise ValueError(f"tile config: unknown kernel {kernel!r}; expected one of {', '.join(KERNELS)}")
+    if kernel in ROW_KERNELS and cfg.block_m != row_block_m:
+        raise ValueError(f"{kernel}: block_m must be {row_block_m} (shared tile schedule), got {cfg.block_m}")
+    if cfg.split and kernel != "dgrad_swiglu":
+        raise ValueError(f"{kernel}: split applies to dgrad_swiglu only")
+    if cfg.warp_specialize and kernel not in ("gemm2", "dx"):
+        raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) only")

@@ -1,7 +1,7 @@
 """Deterministic per-token combine: out_t = sum_k s_tk * y_{t*K+k}, summed in fp32 in a fixed order.
 
 Rows arrive in routed-row order (GEMM2 and the dx GEMM scatter there), so each token's K rows are
-contiguous. No atomics: the forward is bitwise reproducible. Used with scores for the forward output
+contiguous. This is the local combine stage; an expert-parallel dispatcher brings the rows back first. No atomics: the forward is bitwise reproducible. Used with scores for the forward output
 and without (s = 1) for dx.
 """
 
@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_rne, interpret_flag, new_output
+from .common import INTERPRET, cast_rne, new_output
 
 
 @triton.jit
@@ -40,6 +40,6 @@ def combine(y_ND: torch.Tensor, scores_TK: torch.Tensor | None, top_k: int, out_
     block_d = min(1024, triton.next_power_of_2(D))
     scores = scores_TK if scores_TK is not None else y_ND
     _combine_kernel[(T, triton.cdiv(D, block_d))](
-        y_ND, scores, out, D, TOP_K=top_k, HAS_SCORES=scores_TK is not None, BLOCK_D=block_d, INTERPRET=interpret_flag(), num_warps=4,
+        y_ND, scores, out, D, TOP_K=top_k, HAS_SCORES=scores_TK is not None, BLOCK_D=block_d, INTERPRET=INTERPRET, num_warps=4,
     )
     return out

@@ -1,8 +1,11 @@
-"""Small pieces every kernel shares.
+"""Small pieces every kernel shares: the MMA and cast helpers, TMA descriptors, output buffers.
 
-INTERPRET (a constexpr, true only under TRITON_INTERPRET=1) works around two numerics gaps of Triton
-3.6's CPU interpreter so that CPU tests check the same math the GPU runs: it multiplies bf16 tiles as
-their uint16 bit patterns, and it truncates fp32 -> bf16 instead of rounding to nearest even.
+INTERPRET is true when the kernels run in Triton's CPU interpreter: Triton decides that when a kernel
+is defined (TRITON_INTERPRET=1 at import), so it is read once here from a jitted function, not from the
+environment at call time (a test that sets the variable later cannot switch the tile configs under a
+compiled kernel). As a constexpr it works around two numerics gaps of Triton 3.6's interpreter so that
+CPU tests check the same math the GPU runs: it multiplies bf16 tiles as their uint16 bit patterns, and
+it truncates fp32 -> bf16 instead of rounding to nearest even.
 """
 
 import os
@@ -10,9 +13,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
-
-from .configs import interpreting
 
 
 @triton.jit
@@ -34,30 +36,7 @@ def cast_rne(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
     return x.to(dtype)
 
 
-@triton.jit
-def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl.constexpr):
-    """The work of program `pid` in a row-tiled kernel: (expert, N-tile, sorted rows, row mask).
-
-    N-tiles vary fastest, so consecutive programs reuse the same gathered rows from L2. expert < 0 marks
-    a tile past the real count (the grid is sized at the host-known bound): the caller returns at once.
-    """
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
-    row_start = tl.load(tile_row_ptr + pid_m)
-    row_end = tl.load(offsets_ptr + tl.maximum(expert, 0) + 1)
-    rows = row_start + tl.arange(0, BLOCK_M)
-    return expert, pid_n, rows, rows < row_end
-
-
-ROW_ALIGN = 16  # D and H: pointer loads (no TMA) need 16-element (32 B) aligned rows
-
-
-def check_row_alignment(where: str, dims: dict[str, int], hint: str = "") -> None:
-    """The one shape rule every kernel shares: D and H must be multiples of ROW_ALIGN."""
-    for name, v in dims.items():
-        if v % ROW_ALIGN != 0:
-            raise ValueError(f"{where}: {name} must be a multiple of {ROW_ALIGN}, got {v}{hint}")
+INTERPRET = isinstance(mma, InterpretedFunction)
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
@@ -73,13 +52,11 @@ def matrix_descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescript
     return TensorDescriptor.from_tensor(t.reshape(-1, t.shape[-1]), block_shape)
 
 
-def interpret_flag() -> bool:
-    return interpreting()
-
-
 def new_output(shape, dtype, device):
     """Allocate a kernel output. TITAN_MEGAMOE_POISON=1 fills it with NaN first, so an element a kernel
-    forgot to write shows up in the checks instead of silently holding stale memory."""
+    forgot to write shows up in the checks instead of silently holding stale memory (integer outputs get
+    their dtype's most negative value)."""
     if os.environ.get("TITAN_MEGAMOE_POISON") == "1":
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+        return torch.full(shape, fill, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)

@@ -1,9 +1,13 @@
-"""Tile configurations, one table for every row-tiled kernel: tuned offline, never autotuned in training.
+"""Tile configurations: one schema for every kernel, tuned offline, never autotuned in training.
 
 Ranks must agree on the kernels they run and autotuning at training time can OOM, so a config is a
-pure function of the problem's shape. `scripts/tune_kernels.py` measures candidates on the GPU and
-writes `tuned_configs.json` beside this file (keyed by "DxH"); shapes not in it use the defaults.
-The weight-gradient kernels keep their own table in wgrad.py.
+pure function of (kernel, precision, shape). `scripts/tune_kernels.py` measures candidates on the GPU
+and writes `tuned_configs.json` beside this file:
+
+    {"configs":  {precision: {"DxH": {kernel: {field: value, ...}}}},
+     "measured": {precision: {"DxH": {kernel: {"ms": ..., "tflops": ..., "gpu": ..., "date": ...}}}}}
+
+with the fields of `TileConfig`. Shapes not in the table use the defaults below.
 """
 
 from __future__ import annotations
@@ -11,33 +15,54 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+
+from .common import INTERPRET
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    block_m: int
-    block_n: int
-    block_k: int
+    block_m: int  # row-tiled kernels: sorted rows per tile (always ROW_BLOCK_M); wgrad: output rows
+    block_n: int  # output columns (dgrad_swiglu: per accumulator, a program has two)
+    block_k: int  # reduction step (wgrad: expert rows per step)
     num_warps: int
     num_stages: int
-    tma: bool = False  # weight (and contiguous-row) operands through TMA descriptors instead of pointer loads
+    tma: bool = False  # contiguous operands (weights, sorted rows) through TMA descriptors
     split: bool = False  # dgrad_swiglu only: GEMM stores q, a second elementwise kernel does the dSwiGLU
     warp_specialize: bool = False  # gemm2 / dx with tma only: Triton's automatic warp specialisation
 
+    @classmethod
+    def from_record(cls, raw: "list | dict") -> "TileConfig":
+        """A config as a tuning run records it: named fields, or (older runs) the positional list."""
+        if isinstance(raw, dict):
+            names = {f.name for f in fields(cls)}
+            unknown = set(raw) - names
+            if unknown:
+                raise ValueError(f"tile config: unknown fields {sorted(unknown)}; valid: {sorted(names)}")
+            return cls(**raw)
+        return cls(*raw)
 
-KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")
+    def to_record(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+ROW_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")
+WGRAD_KERNELS = ("wgrad_w2", "wgrad_w13")
+KERNELS = ROW_KERNELS + WGRAD_KERNELS
 # every row-tiled kernel uses this BLOCK_M so that one tile schedule serves the whole pipeline
 ROW_BLOCK_M = 128
 # defaults for shapes the table lacks: the winners at Qwen3-30B-A3B's shape on the H200 (split dgrad and
-# TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where a tensor does not allow it)
+# TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where a tensor does not allow it).
+# wgrad: read off sm_90 compiles (wgmma, no spills; the gathered row index costs the pipeliner a stage,
+# so 5 stages give 3 data buffers)
 _GPU_DEFAULTS = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 3),
     "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True),
-    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, 32, 8, 4, split=True),  # BLOCK_N per accumulator (two)
+    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, 32, 8, 4, split=True),
     "dx": TileConfig(ROW_BLOCK_M, 256, 32, 8, 4, tma=True),
+    "wgrad_w2": TileConfig(128, 128, 64, 8, 5),
+    "wgrad_w13": TileConfig(128, 128, 64, 8, 5),
 }
 # the interpreter runs on CPU: small tiles keep the tests fast
 _INTERPRETER = TileConfig(16, 32, 32, 4, 1)
@@ -46,7 +71,8 @@ _overrides: dict[str, TileConfig] = {}
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """True when the kernels run in Triton's CPU interpreter (decided when they were defined)."""
+    return INTERPRET
 
 
 def row_block_m() -> int:
@@ -60,37 +86,32 @@ def _tuned_table() -> dict:
     return json.loads(TABLE_PATH.read_text())["configs"]
 
 
-def tuned_entry(kernel: str, dim: int, hidden: int):
-    """The shipped table's raw entry for a kernel at (D, H), or None (also under the interpreter)."""
-    if interpreting():
-        return None
-    return _tuned_table().get(f"{dim}x{hidden}", {}).get(kernel)
-
-
-def tile_config(kernel: str, dim: int, hidden: int) -> TileConfig:
-    if interpreting():
-        return _INTERPRETER
+def tile_config(kernel: str, dim: int, hidden: int, precision: str = "bf16") -> TileConfig:
     if kernel in _overrides:
         return _overrides[kernel]
-    return _table_config(kernel, dim, hidden)
+    if interpreting():
+        return _INTERPRETER
+    return _table_config(kernel, dim, hidden, precision)
 
 
 @functools.lru_cache(maxsize=None)
-def _table_config(kernel: str, dim: int, hidden: int) -> TileConfig:
-    tuned = tuned_entry(kernel, dim, hidden)
-    cfg = TileConfig(*tuned) if tuned else _GPU_DEFAULTS[kernel]
-    # narrow problems (small D or H) must not ask for tiles wider than the matrix
-    n_extent = hidden if kernel in ("gemm1_swiglu", "dgrad_swiglu") else dim
-    while cfg.block_n > 64 and cfg.block_n >= 2 * n_extent:
-        cfg = replace(cfg, block_n=cfg.block_n // 2)
+def _table_config(kernel: str, dim: int, hidden: int, precision: str) -> TileConfig:
+    tuned = _tuned_table().get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
+    cfg = TileConfig.from_record(tuned) if tuned else _GPU_DEFAULTS[kernel]
+    if kernel in ROW_KERNELS:
+        # narrow problems (small D or H) must not ask for tiles wider than the matrix
+        n_extent = hidden if kernel in ("gemm1_swiglu", "dgrad_swiglu") else dim
+        while cfg.block_n > 64 and cfg.block_n >= 2 * n_extent:
+            cfg = replace(cfg, block_n=cfg.block_n // 2)
     return cfg
 
 
 @contextlib.contextmanager
 def override_tile_config(kernel: str, cfg: TileConfig):
-    """Force one kernel's config (the tuner uses this); BLOCK_M must stay ROW_BLOCK_M."""
-    if cfg.block_m != ROW_BLOCK_M:
-        raise ValueError(f"{kernel}: block_m must be {ROW_BLOCK_M} (shared tile schedule), got {cfg.block_m}")
+    """Force one kernel's config (the tuner and the variant tests use this)."""
+    from ..validation import check_tile_config
+
+    check_tile_config(kernel, cfg, row_block_m())
     _overrides[kernel] = cfg
     try:
         yield

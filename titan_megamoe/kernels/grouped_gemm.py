@@ -5,7 +5,6 @@
 Serves two passes with the weight layout given by strides:
   forward GEMM2:  y_n  = h_p W2_e^T              (one pair; B = W2_e read transposed)
   backward dx:    dx_n = dg_p W1_e + du_p W3_e   (two pairs sharing one accumulator)
-Writing row order(p) lets the per-token combine read each token's K rows contiguously.
 
 With `TileConfig.tma` both operands come through TMA descriptors: A is contiguous in sorted order (a tile
 is rows [tile_row, tile_row + BLOCK_M)) and B is the weight viewed as a matrix. Rows of a tile past its
@@ -15,40 +14,15 @@ reduction dimension the host requires KD % BLOCK_K == 0 so no tile reaches into 
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from .common import cast_rne, interpret_flag, matrix_descriptor, mma, new_output, row_tile, tma_ok
+from ..plan import RoutingPlan
+from .common import INTERPRET, matrix_descriptor, new_output, tma_ok
 from .configs import tile_config
-
-
-@triton.jit
-def _accumulate(acc, a_ptr, b_ptr, a_off, b_off, row_ok, n_ok, offs_k, KD, stride_bk, BLOCK_K: tl.constexpr,
-                INTERPRET: tl.constexpr):
-    for k in range(0, tl.cdiv(KD, BLOCK_K)):
-        k_ok = offs_k < KD - k * BLOCK_K
-        a = tl.load(a_ptr + a_off, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = mma(a, b, acc, INTERPRET)
-        a_off += BLOCK_K
-        b_off += BLOCK_K * stride_bk
-    return acc
-
-
-@triton.jit
-def _accumulate_tma(acc, a_desc, b_desc, row0, b_row0, n0, KD, B_TRANS: tl.constexpr, BLOCK_K: tl.constexpr,
-                    WS: tl.constexpr, INTERPRET: tl.constexpr):
-    # WS: Triton's automatic warp specialisation (producer warps issue the TMA loads, consumers the MMAs);
-    # Hopper support needs descriptor loads, which is why only this loop offers it
-    for k in tl.range(0, tl.cdiv(KD, BLOCK_K), warp_specialize=WS):
-        a = a_desc.load([row0, k * BLOCK_K])
-        if B_TRANS:  # B^T stored [n, k] (W2 [E, D, H]): the tile is [BLOCK_N, BLOCK_K], used transposed
-            b = b_desc.load([b_row0 + n0, k * BLOCK_K]).T
-        else:  # B stored [k, n] (W1, W3 [E, H, D])
-            b = b_desc.load([b_row0 + k * BLOCK_K, n0])
-        acc = mma(a, b, acc, INTERPRET)
-    return acc
+from .epilogue import scatter_routed
+from .mainloop import row_mainloop
+from .schedule import row_tile
 
 
 @triton.jit
@@ -62,44 +36,44 @@ def _grouped_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     num_n = tl.cdiv(ND, BLOCK_N)
-    expert, pid_n, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                           BLOCK_M)
+    expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr,
+                                                 offsets_ptr, BLOCK_M)
     if expert < 0:
         return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < ND
     offs_k = tl.arange(0, BLOCK_K)
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if TMA:
-        row0 = tl.load(tile_row_ptr + tl.program_id(0) // num_n)
-        b_row0 = expert * (ND if B_TRANS else KD)
-        n0 = pid_n * BLOCK_N
-        acc = _accumulate_tma(acc, a1_ptr, b1_ptr, row0, b_row0, n0, KD, B_TRANS, BLOCK_K, WS, INTERPRET)
-        if TWO_PAIRS:
-            acc = _accumulate_tma(acc, a2_ptr, b2_ptr, row0, b_row0, n0, KD, B_TRANS, BLOCK_K, WS, INTERPRET)
-    else:
+    a_off = 0
+    b_off = 0
+    if not TMA:
         a_off = rows.to(tl.int64)[:, None] * KD + offs_k[None, :]
         b_off = expert.to(tl.int64) * stride_be + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-        acc = _accumulate(acc, a1_ptr, b1_ptr, a_off, b_off, row_ok, n_ok, offs_k, KD, stride_bk, BLOCK_K,
-                          INTERPRET)
-        if TWO_PAIRS:
-            # a second pass over K into the same accumulator, not interleaved with the first: an interleaved
-            # loop would hold four operand tiles per pipeline stage and overflow shared memory
-            acc = _accumulate(acc, a2_ptr, b2_ptr, a_off, b_off, row_ok, n_ok, offs_k, KD, stride_bk, BLOCK_K,
-                              INTERPRET)
+    n0 = pid_n * BLOCK_N
+    # TMA: B^T stored [n, k] starts expert e at row e*ND (plus the N-tile), B stored [k, n] at row e*KD
+    if B_TRANS:
+        b_row = expert * ND + n0
+    else:
+        b_row = expert * KD
 
-    dest = tl.load(order_ptr + rows, mask=row_ok, other=0)
-    out_off = dest.to(tl.int64)[:, None] * ND + offs_n[None, :]
-    tl.store(out_ptr + out_off, cast_rne(acc, out_ptr.dtype.element_ty, INTERPRET), mask=row_ok[:, None] & n_ok[None, :])
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc, _ = row_mainloop(acc, acc, a1_ptr, a_off, row_ok, row0, b1_ptr, b1_ptr, b_off, n_ok, n_ok, b_row, n0,
+                          KD, stride_bk, A_TMA=TMA, B_TMA=TMA, B_TRANS=B_TRANS, TWO_B=False, WS=WS,
+                          BLOCK_K=BLOCK_K, INTERPRET=INTERPRET)
+    if TWO_PAIRS:
+        # a second pass over K into the same accumulator, not interleaved with the first: an interleaved
+        # loop would hold four operand tiles per pipeline stage and overflow shared memory
+        acc, _ = row_mainloop(acc, acc, a2_ptr, a_off, row_ok, row0, b2_ptr, b2_ptr, b_off, n_ok, n_ok, b_row, n0,
+                              KD, stride_bk, A_TMA=TMA, B_TMA=TMA, B_TRANS=B_TRANS, TWO_B=False, WS=WS,
+                              BLOCK_K=BLOCK_K, INTERPRET=INTERPRET)
+    scatter_routed(out_ptr, acc, order_ptr, rows, row_ok, offs_n, n_ok, ND, INTERPRET)
 
 
-def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, order_N, tile_expert, tile_row, offsets_E1, dim,
-            hidden):
+def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPlan, dim, hidden, out_dtype,
+            precision):
     N, kd = a1.shape
-    out = new_output((N, nd), torch.bfloat16, a1.device)
-    cfg = tile_config(kernel_name, dim, hidden)
-    grid = (tile_expert.numel() * triton.cdiv(nd, cfg.block_n),)
+    out = new_output((N, nd), out_dtype, a1.device)
+    cfg = tile_config(kernel_name, dim, hidden, precision)
+    grid = (plan.layout.num_tiles * triton.cdiv(nd, cfg.block_n),)
     if grid[0] == 0:
         return out
     a2 = a2 if a2 is not None else a1
@@ -112,23 +86,23 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, order_N, tile_e
         b1, b2 = (matrix_descriptor(b, b_block) for b in (b1, b2))
     _grouped_gemm_kernel[grid](
         a1, b1, a2, b2,
-        order_N, tile_expert, tile_row, offsets_E1, out, kd, nd, *b_strides,
+        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, kd, nd, *b_strides,
         TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=interpret_flag(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
 
-def expert_down_proj(h_NH, w2_EDH, order_N, tile_expert, tile_row, offsets_E1):
-    """Forward GEMM2: y[order(p)] = h_p W2_e^T, [N, D] bf16 in routed-row order."""
+def expert_down_proj(h_NH, w2_EDH, plan: RoutingPlan, out_dtype, precision: str):
+    """Forward GEMM2: y[order(p)] = h_p W2_e^T, [N, D] in routed-row order."""
     E, D, H = w2_EDH.shape
     strides = (w2_EDH.stride(0), w2_EDH.stride(2), w2_EDH.stride(1))  # B[k=h, n=d] = W2[e, d, h]
-    return _launch("gemm2", h_NH, w2_EDH, None, None, strides, True, D, order_N, tile_expert, tile_row, offsets_E1, D, H)
+    return _launch("gemm2", h_NH, w2_EDH, None, None, strides, True, D, plan, D, H, out_dtype, precision)
 
 
-def expert_input_grad(dg_NH, du_NH, w1_EHD, w3_EHD, order_N, tile_expert, tile_row, offsets_E1):
-    """Backward dx rows: dx[order(p)] = dg_p W1_e + du_p W3_e, [N, D] bf16 in routed-row order."""
+def expert_input_grad(dg_NH, du_NH, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: str):
+    """Backward dx rows: dx[order(p)] = dg_p W1_e + du_p W3_e, [N, D] in routed-row order."""
     E, H, D = w1_EHD.shape
     strides = (w1_EHD.stride(0), w1_EHD.stride(1), w1_EHD.stride(2))  # B[k=h, n=d] = W1[e, h, d]
-    return _launch("dx", dg_NH, w1_EHD, du_NH, w3_EHD, strides, False, D, order_N, tile_expert, tile_row, offsets_E1, D, H)
+    return _launch("dx", dg_NH, w1_EHD, du_NH, w3_EHD, strides, False, D, plan, D, H, out_dtype, precision)

@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .configs import interpreting
+from ..validation import check_router_args
+from .common import INTERPRET, new_output
 
 MAX_EXPERTS = 256
 
@@ -85,28 +86,13 @@ def _router_topk_kernel(
 def router_topk(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, top_k: int, score_func: str,
                 route_norm: bool, route_scale: float):
     """(top scores [T, K] fp32, expert ids [T, K] int64, unnormalised p at the ids [T, K] fp32)."""
-    if logits_TE.dim() != 2 or not logits_TE.is_floating_point():
-        raise ValueError(f"router_topk: logits_TE must be a 2-D floating tensor [T, E], got {logits_TE.dtype} "
-                         f"of shape {tuple(logits_TE.shape)}")
-    if logits_TE.device.type != "cuda" and not interpreting():
-        raise ValueError(f"router_topk: the fused router runs on CUDA (or with TRITON_INTERPRET=1); logits are on "
-                         f"{logits_TE.device}. On CPU use titan_megamoe.router.router_reference")
+    check_router_args(logits_TE, bias_E, top_k, score_func, MAX_EXPERTS, INTERPRET)
     T, E = logits_TE.shape
-    if bias_E is not None and (bias_E.shape != (E,) or bias_E.device != logits_TE.device):
-        raise ValueError(f"router_topk: bias_E must have shape ({E},) on {logits_TE.device}, got "
-                         f"{tuple(bias_E.shape)} on {bias_E.device}")
-    if E > MAX_EXPERTS:
-        raise ValueError(f"router_topk: at most {MAX_EXPERTS} experts in one program's registers, got {E}; "
-                         f"use the stock router (mega_moe.fused_router=false)")
-    if score_func not in ("softmax", "sigmoid"):
-        raise ValueError(f"router_topk: score_func must be 'softmax' or 'sigmoid', got {score_func!r}")
-    if not 1 <= top_k <= E:
-        raise ValueError(f"router_topk: top_k must be in [1, {E}], got {top_k}")
     logits_TE = logits_TE if logits_TE.stride(1) == 1 else logits_TE.contiguous()
     dev = logits_TE.device
-    scores = torch.empty(T, top_k, device=dev, dtype=torch.float32)
-    ids = torch.empty(T, top_k, device=dev, dtype=torch.int64)
-    raw = torch.empty(T, top_k, device=dev, dtype=torch.float32)
+    scores = new_output((T, top_k), torch.float32, dev)
+    ids = new_output((T, top_k), torch.int64, dev)
+    raw = new_output((T, top_k), torch.float32, dev)
     if T == 0:
         return scores, ids, raw
     block_e = triton.next_power_of_2(E)
@@ -116,6 +102,6 @@ def router_topk(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, top_k: int
         T, E, logits_TE.stride(0), float(route_scale),
         K=top_k, BLOCK_K=triton.next_power_of_2(top_k), SOFTMAX=score_func == "softmax",
         HAS_BIAS=bias_E is not None, ROUTE_NORM=bool(route_norm), BLOCK_T=block_t, BLOCK_E=block_e,
-        INTERPRET=interpreting(), num_warps=4,
+        INTERPRET=INTERPRET, num_warps=4,
     )
     return scores, ids, raw

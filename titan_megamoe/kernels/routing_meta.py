@@ -1,6 +1,6 @@
 """Routing metadata for the kernels in one launch after the sort: offsets, inverse order, tile schedule.
 
-`titan_megamoe.routing` builds the same metadata with ~30 small torch ops; on the GPU each op costs
+`titan_megamoe.oracle.routing_plan` builds the same plan with ~30 small torch ops; on the GPU each op costs
 host launch time while the GPU sits idle before GEMM1 (measured: the forward's host time, not its
 kernels, was the gap to the target). Here the sort stays a torch op and one Triton kernel does the rest:
   programs 0..P-1 (P = cdiv(n_tiles, BLOCK_T), at least 1): each finds offsets[e] = #(sorted ids < e)
@@ -12,42 +12,17 @@ The schedule used to be one program looping over every chunk, and that serial lo
 latency (52 us on an H200 at N=131072, E=128, BLOCK_M=128: 18 chunks), on the critical path before
 GEMM1. Repeating the cheap search in every schedule program cuts that to one search and one chunk.
 P follows from (N, E, BLOCK_M) on the host: no host sync, and the launch stays graph-capturable.
-Everything lands in one int32 buffer (the op's routing residual), so the backward reuses it as views.
-The torch version in `titan_megamoe.routing` is this kernel's oracle in the tests.
+Everything lands in one int32 buffer in `PlanLayout`'s order (the op's routing residual), so the
+backward reuses it as views. `titan_megamoe.oracle.routing_plan` is this kernel's oracle in the tests.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ..routing import max_tiles
-
-
-class RoutingPlan(NamedTuple):
-    order_N: torch.Tensor  # int32 [N]: sorted position -> routed row
-    inv_N: torch.Tensor  # int32 [N]: routed row -> sorted position
-    offsets_E1: torch.Tensor  # int32 [E+1]
-    tile_expert: torch.Tensor  # int32 [n_tiles]: expert of each M-tile, -1 past the real count
-    tile_row: torch.Tensor  # int32 [n_tiles]: first sorted row of each M-tile
-    ids_ok: torch.Tensor  # int32 [1]: 1 when every expert id was in range
-
-
-def _segment_sizes(num_rows: int, num_experts: int, block_m: int) -> tuple[int, ...]:
-    """Lengths of the RoutingPlan fields in the packed buffer, in order (the kernel writes this layout)."""
-    n_tiles = max_tiles(num_rows, num_experts, block_m)
-    return (num_rows, num_rows, num_experts + 1, n_tiles, n_tiles, 1)
-
-
-def packed_size(num_rows: int, num_experts: int, block_m: int) -> int:
-    return sum(_segment_sizes(num_rows, num_experts, block_m))
-
-
-def unpack(packed: torch.Tensor, num_rows: int, num_experts: int, block_m: int) -> RoutingPlan:
-    return RoutingPlan(*torch.split(packed, _segment_sizes(num_rows, num_experts, block_m)))
+from ..plan import PlanLayout, RoutingPlan, RowSource
 
 
 @triton.jit
@@ -109,18 +84,25 @@ _BLOCK = 1024
 _BLOCK_T = 64
 
 
-def build_routing_plan(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, RoutingPlan]:
-    """(packed int32 buffer, views into it). No host synchronisation; sizes follow from (T, K, E)."""
-    ids_N = topk_ids_TK.reshape(-1)
+def build_routing_plan(expert_ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int = 0) -> RoutingPlan:
+    """The plan of rows routed to local experts [first_expert, first_expert + num_experts), with no host
+    synchronisation: `expert_ids` is [T, K] (rows gathered from local tokens, K per token) or [N]
+    (contiguous rows, one each). Sizes follow from (N, E, block_m)."""
+    rows_per_token = expert_ids.shape[1] if expert_ids.dim() == 2 else 1
+    ids_N = expert_ids.reshape(-1)
     n = ids_N.numel()
+    if first_expert:
+        ids_N = ids_N - first_expert
     # stable: within an expert, rows keep token order (the order stock TorchTitan uses). Radix sort
     # passes follow the key width (8 bits each): int64 ids take 8 passes and ~18 launches, int16 keys 2.
     # Out-of-range ids clamp to -1 or E, which the kernel's ids_ok flag still catches.
     if num_experts < 2**15 - 1 and ids_N.dtype != torch.int16:
         ids_N = ids_N.clamp(-1, num_experts).to(torch.int16)
     sorted_N, order_N = torch.sort(ids_N, stable=True)
-    sizes = _segment_sizes(n, num_experts, block_m)
-    packed = torch.empty(sum(sizes), dtype=torch.int32, device=ids_N.device)
+    source = RowSource.GATHER if expert_ids.dim() == 2 else RowSource.CONTIGUOUS
+    layout = PlanLayout(n, num_experts, block_m, rows_per_token, source, first_expert)
+    sizes = layout.segment_sizes
+    packed = torch.empty(layout.packed_size, dtype=torch.int32, device=ids_N.device)
     # at least one schedule program, even with no tiles: program 0 also writes offsets and ids_ok
     n_tile_progs = max(1, triton.cdiv(sizes[3], _BLOCK_T))
     _routing_meta_kernel[(n_tile_progs + triton.cdiv(n, _BLOCK),)](
@@ -128,4 +110,4 @@ def build_routing_plan(topk_ids_TK: torch.Tensor, num_experts: int, block_m: int
         BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_T=_BLOCK_T, BLOCK=_BLOCK,
         num_warps=4,
     )
-    return packed, RoutingPlan(*torch.split(packed, sizes))
+    return RoutingPlan.from_packed(packed, layout)

@@ -1,0 +1,113 @@
+"""The two main loops every GEMM of the layer is built from.
+
+`row_mainloop`: one M-tile of expert-sorted rows times one or two weight blocks, over the whole
+reduction dimension (GEMM1 gate+up, GEMM2, dgrad, dx).
+  A   rows by pointer at any row offsets (gathered tokens or contiguous sorted rows, `a_off` holds
+      them), or contiguous rows through a TMA descriptor (`A_TMA`, starting at sorted row `a_row`);
+  B   the expert's weight by pointer (bases `b0_src`, `b1_src` plus the shared offsets `b_off`, moved by
+      `stride_bk` per reduction step; dgrad's second column block is the base shifted by BLOCK_N) or TMA
+      descriptors over the weight viewed as a matrix (`B_TMA`): stored [n, k] (`B_TRANS`, read at row
+      `b_row`) or [k, n] (read at rows `b_row + k`, column `b_col`);
+  TWO_B  a second weight block into a second accumulator, sharing every A tile (GEMM1's gate and up,
+      dgrad's two column blocks). With TMA both blocks sit at the same coordinates of two descriptors.
+`varlen_mainloop`: A^T B over one expert's rows [lo, hi), the reduction of the weight gradients; either
+operand gathered by token through the plan's order or read in sorted order (optionally through TMA).
+
+Masked rows and columns load as zeros, so partial tiles are exact. The operand dtype is whatever the
+tiles hold (`mma` multiplies bf16 today); a block-scaled recipe adds its per-K-block scale here, in the
+one place every GEMM shares.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import mma
+
+
+@triton.jit
+def row_mainloop(acc0, acc1, a_src, a_off, row_ok, a_row, b0_src, b1_src, b_off, b0_ok, b1_ok, b_row, b_col,
+                 KD, stride_bk, A_TMA: tl.constexpr, B_TMA: tl.constexpr, B_TRANS: tl.constexpr, TWO_B: tl.constexpr,
+                 WS: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+    offs_k = tl.arange(0, BLOCK_K)
+    # WS: Triton's automatic warp specialisation (producer warps issue the TMA loads, consumers the MMAs);
+    # Hopper support needs descriptor loads, so only the TMA configs turn it on
+    for k in tl.range(0, tl.cdiv(KD, BLOCK_K), warp_specialize=WS):
+        k_ok = offs_k < KD - k * BLOCK_K
+        if A_TMA:
+            a = a_src.load([a_row, k * BLOCK_K])
+        else:
+            a = tl.load(a_src + a_off, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if B_TMA:
+            if B_TRANS:  # B^T stored [n, k]: the tile is [BLOCK_N, BLOCK_K], used transposed
+                b0 = b0_src.load([b_row, k * BLOCK_K]).T
+                if TWO_B:
+                    b1 = b1_src.load([b_row, k * BLOCK_K]).T
+            else:
+                b0 = b0_src.load([b_row + k * BLOCK_K, b_col])
+                if TWO_B:
+                    b1 = b1_src.load([b_row + k * BLOCK_K, b_col])
+        else:
+            b0 = tl.load(b0_src + b_off, mask=k_ok[:, None] & b0_ok[None, :], other=0.0)
+            if TWO_B:
+                b1 = tl.load(b1_src + b_off, mask=k_ok[:, None] & b1_ok[None, :], other=0.0)
+        acc0 = mma(a, b0, acc0, INTERPRET)
+        if TWO_B:
+            acc1 = mma(a, b1, acc1, INTERPRET)
+        a_off += BLOCK_K
+        b_off += BLOCK_K * stride_bk
+    return acc0, acc1
+
+
+@triton.jit
+def varlen_mainloop(acc, acc2, a_src, a2_src, b_src, order_ptr, lo, hi, offs_m, offs_n, M, N, stride_a, stride_b,
+                    pid_m, pid_n, TOP_K: tl.constexpr, A_GATHER: tl.constexpr, B_GATHER: tl.constexpr,
+                    DUAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, SORTED_TMA: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc += sum_p A[row_a(p), offs_m]^T B[row_b(p), offs_n] over sorted rows lo <= p < hi (acc2 likewise
+    with A2 when DUAL), where an operand's row is the sorted position p or, gathered, the token
+    order[p] // TOP_K. Tiles are loaded [BLOCK_K, BLOCK_{M,N}] with the feature dim last (coalesced);
+    A enters the MMA transposed (a shared-memory view on Hopper, no shuffle).
+
+    SORTED_TMA: the sorted operand comes through a TMA descriptor. Its rows past `hi` belong to the next
+    expert, but they meet the gathered operand's rows masked to zero, so they add nothing; columns past
+    M or N are TMA's zero fill.
+    """
+    offs_k = tl.arange(0, BLOCK_K)
+    for k0 in range(lo, hi, BLOCK_K):
+        rows = k0 + offs_k
+        row_ok = rows < hi
+        if A_GATHER or B_GATHER:
+            tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
+        if A_GATHER:
+            rows_a = tok.to(tl.int64)
+        else:
+            rows_a = rows.to(tl.int64)
+        if B_GATHER:
+            rows_b = tok.to(tl.int64)
+        else:
+            rows_b = rows.to(tl.int64)
+        if EVEN_M:
+            mask_a = row_ok[:, None]
+        else:
+            mask_a = row_ok[:, None] & (offs_m < M)[None, :]
+        if EVEN_N:
+            mask_b = row_ok[:, None]
+        else:
+            mask_b = row_ok[:, None] & (offs_n < N)[None, :]
+        a_off = rows_a[:, None] * stride_a + offs_m[None, :]
+        if SORTED_TMA and not B_GATHER:
+            b = b_src.load([k0, pid_n * BLOCK_N])
+        else:
+            b = tl.load(b_src + rows_b[:, None] * stride_b + offs_n[None, :], mask=mask_b, other=0.0)
+        if SORTED_TMA and not A_GATHER:
+            a = a_src.load([k0, pid_m * BLOCK_M])
+        else:
+            a = tl.load(a_src + a_off, mask=mask_a, other=0.0)
+        acc = mma(tl.trans(a), b, acc, INTERPRET)
+        if DUAL:
+            if SORTED_TMA and not A_GATHER:
+                a2 = a2_src.load([k0, pid_m * BLOCK_M])
+            else:
+                a2 = tl.load(a2_src + a_off, mask=mask_a, other=0.0)
+            acc2 = mma(tl.trans(a2), b, acc2, INTERPRET)
+    return acc, acc2

@@ -1,0 +1,49 @@
+"""Tile schedules: which piece of work a program does.
+
+Row-tiled kernels (GEMM1, GEMM2, dgrad, dx) walk the routing plan's M-tile list: each tile is
+BLOCK_M expert-sorted rows of one expert. The weight-gradient kernels tile each expert's output matrix
+and reduce over that expert's rows.
+"""
+
+import triton.language as tl
+import triton
+
+
+@triton.jit
+def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl.constexpr):
+    """The work of program `pid` in a row-tiled kernel: (expert, N-tile, first sorted row, sorted rows,
+    row mask).
+
+    N-tiles vary fastest, so consecutive programs reuse the same gathered rows from L2. expert < 0 marks
+    a tile past the real count (the grid is sized at the host-known bound): the caller returns at once.
+    """
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    expert = tl.load(tile_expert_ptr + pid_m)
+    row_start = tl.load(tile_row_ptr + pid_m)
+    row_end = tl.load(offsets_ptr + tl.maximum(expert, 0) + 1)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    return expert, pid_n, row_start, rows, rows < row_end
+
+
+@triton.jit
+def expert_output_tile(pid, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The work of program `pid` in a weight-gradient kernel: (expert, first and last sorted row of the
+    expert, output rows, output columns).
+
+    Programs enumerate (expert slot, m-tile, n-tile) with n fastest, so neighbours share A rows. Slots
+    map to experts heaviest first (`expert_slot_ptr`, an on-device argsort of the counts): the long
+    reductions start first and short ones fill in behind them.
+    """
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_mn = tl.cdiv(M, BLOCK_M) * tiles_n
+    slot = pid // tiles_mn
+    rem = pid % tiles_mn
+    pid_m = rem // tiles_n
+    pid_n = rem % tiles_n
+    expert = tl.load(expert_slot_ptr + slot)
+    lo = tl.load(offsets_ptr + expert)
+    hi = tl.load(offsets_ptr + expert + 1)
+    offs_m = tl.max_contiguous(tl.multiple_of(pid_m * BLOCK_M + tl.arange(0, BLOCK_M), BLOCK_M), BLOCK_M)
+    offs_n = tl.max_contiguous(tl.multiple_of(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
+    return expert, lo, hi, pid_m, pid_n, offs_m, offs_n

@@ -1,0 +1,52 @@
+"""The fused MoE pipeline on the Triton kernels: dispatch -> expert FFN -> combine, and back.
+
+    forward:   dispatch (routing plan)  ->  ffn_forward (GEMM1+SwiGLU, GEMM2)  ->  combine (s-weighted sum)
+    backward:  dispatch_grad (dout rows) -> ffn_backward_input (dgrad+dSwiGLU+ds, dx rows) -> combine_grad
+               ffn_backward_weights (dW2, dW1/dW3), after dx is on its way
+
+`fused_moe_forward` returns the output and the residuals the backward needs as a flat list of tensors
+(the custom op's outputs): the FFN's residuals, then the packed routing plan. Nothing here synchronises
+with the host: an out-of-range expert id trips an asynchronous device assert.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..precision import Recipe
+from ..validation import check_kernel_shapes
+from . import dispatch as local
+from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward, residual_shapes
+
+
+def fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe):
+    """(out [T, D] in x's dtype, residuals: list of tensors)."""
+    E, H, D = w1_EHD.shape
+    check_kernel_shapes(D, H)
+    d = local.dispatch(x_TD, topk_ids_TK, topk_scores_TK, E)
+    y_ND, ffn_residuals = ffn_forward(d.rows_RD, d.plan, w1_EHD, w2_EDH, w3_EHD, recipe)
+    out = local.combine_forward(y_ND, d, x_TD.dtype)
+    # asserted after the launches, off the GPU's critical path: a bad id cannot make the kernels read out
+    # of bounds (they only visit sorted rows inside [offsets[0], offsets[E]), and order is a permutation)
+    torch._assert_async(d.plan.ids_ok, f"titan_megamoe.moe: topk_ids_TK holds an expert id outside [0, {E})")
+    return out, [*ffn_residuals, d.plan.packed]
+
+
+def fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, residuals,
+                       recipe: Recipe):
+    """(dx, d scores, dW1, dW2, dW3), each in its input's dtype."""
+    *ffn_residuals, packed_plan = residuals
+    d = local.restore(x_TD, topk_scores_TK, packed_plan, w1_EHD.shape[0])
+    dy = local.dispatch_grad(dout_TD, d)
+    dx_ND, ds_N, saved = ffn_backward_input(dy, d.plan, d.scores_N, w1_EHD, w2_EDH, w3_EHD, ffn_residuals, recipe)
+    dx = local.combine_grad(dx_ND, d, x_TD.dtype)
+    dw1, dw2, dw3 = ffn_backward_weights(d.rows_RD, d.plan, w1_EHD, w2_EDH, saved, recipe)
+    ds = ds_N.view(topk_scores_TK.shape).to(topk_scores_TK.dtype)
+    return dx, ds, dw1, dw2, dw3
+
+
+def residual_specs(x_TD, topk_ids_TK, w1_EHD, recipe: Recipe):
+    """(shape, dtype) of every residual `fused_moe_forward` returns: the fake implementation's source."""
+    T, K = topk_ids_TK.shape
+    E, H, _ = w1_EHD.shape
+    return [*residual_shapes(T * K, H, recipe), ((local.local_layout(T, K, E).packed_size,), torch.int32)]
