@@ -80,7 +80,7 @@ def reference_results(case: Case, dout: torch.Tensor):
 
 
 def assert_flash_rule(got: dict, ref64: dict, torch_bf16: dict, factor: float = 2.0):
-    """|got - ref64|.max() <= factor * |torch_bf16 - ref64|.max() + atol, for every output and gradient."""
+    """|got - ref64|.max() <= factor * max(|torch_bf16 - ref64|.max(), floor), for every output and gradient."""
     report = []
     for name, ref in ref64.items():
         g = got[name]
@@ -88,9 +88,12 @@ def assert_flash_rule(got: dict, ref64: dict, torch_bf16: dict, factor: float = 
         assert torch.isfinite(g).all(), f"{name}: non-finite values (an unwritten or poisoned element?)"
         err = (g.double() - ref).abs().max().item()
         base = (torch_bf16[name].double() - ref).abs().max().item()
-        # floor: one bf16 rounding (2^-9 relative) of the largest value; it matters only for tensors with a
-        # handful of elements (T=1, K=1), where the torch-bf16 error can be zero or tiny by luck
-        atol = 2.0**-9 * ref.abs().max().item()
-        report.append(f"{name}: err {err:.3e} torch-bf16 {base:.3e}")
-        assert err <= factor * base + atol, f"{name}: kernel error {err:.3e} > {factor} x torch bf16 error {base:.3e}"
+        # floor: one bf16 rounding (2^-9 relative) of the largest value, the least error any bf16 result can
+        # promise. It replaces the torch-bf16 error only where that is smaller, which happens for tensors of
+        # a handful of elements (T=1, K=1) where torch's rounding errors can be zero or tiny by luck; it is
+        # not added on top, so for every realistic tensor the rule is exactly `factor` x torch's error
+        floor = 2.0**-9 * ref.abs().max().item()
+        report.append(f"{name}: err {err:.3e} torch-bf16 {base:.3e} ({err / max(base, floor):.2f}x)")
+        assert err <= factor * max(base, floor), (f"{name}: kernel error {err:.3e} > {factor} x max(torch bf16 error "
+                                                  f"{base:.3e}, floor {floor:.3e})")
     return report
