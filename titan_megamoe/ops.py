@@ -17,7 +17,10 @@ Both paths save the same tensors and run the same backward (`_save`, `_gradients
 
 The reference backend is plain differentiable PyTorch (autograd records it like stock's MoE), not
 a custom op: a custom op's implementation runs below autograd, and the reference is most useful as an
-oracle when its gradients come from autograd itself.
+oracle when its gradients come from autograd itself. For the block-FP8 precisions (`fp8`, `fp8_bwd`) it
+runs `oracle.moe_fp8_emulation` (an autograd.Function with the kernels' quantization points); the Triton
+backend has no FP8 kernels yet and stops with a NotImplementedError (`precision.check_backend_precision`),
+in `moe()` and in the custom ops alike, rather than run another precision.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ import os
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .oracle import moe_reference
-from .precision import recipe_for
-from .validation import check_backend, check_expert_ids, validate_moe_inputs
+from .oracle import moe_fp8_emulation, moe_reference
+from .precision import Recipe, check_backend_precision, recipe_for
+from .validation import check_backend, check_block_shapes, check_expert_ids, validate_moe_inputs
 
 _LIB = "titan_megamoe"
 
@@ -52,6 +55,13 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def _kernel_recipe(precision: str) -> Recipe:
+    """The recipe of a precision the Triton kernels implement; NotImplementedError for any other."""
+    recipe = recipe_for(precision)
+    check_backend_precision(recipe, "triton")
+    return recipe
+
+
 @torch.library.custom_op(f"{_LIB}::moe_forward", mutates_args=())
 def moe_forward(
     x_TD: torch.Tensor,
@@ -68,7 +78,7 @@ def moe_forward(
     from .pipeline import fused_moe_forward
 
     out, residuals = fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
-                                       recipe_for(precision))
+                                       _kernel_recipe(precision))
     return [out, *residuals]
 
 
@@ -76,7 +86,7 @@ def moe_forward(
 def _(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, precision, backend):
     from .pipeline import residual_specs
 
-    specs = residual_specs(x_TD, topk_ids_TK, w1_EHD, recipe_for(precision))
+    specs = residual_specs(x_TD, topk_ids_TK, w1_EHD, _kernel_recipe(precision))
     return [x_TD.new_empty(x_TD.shape), *(x_TD.new_empty(shape, dtype=dtype) for shape, dtype in specs)]
 
 
@@ -96,7 +106,7 @@ def moe_backward(
     from .pipeline import fused_moe_backward
 
     return fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, residuals,
-                              recipe_for(precision))
+                              _kernel_recipe(precision))
 
 
 @moe_backward.register_fake
@@ -146,7 +156,7 @@ moe_forward.register_autograd(_backward, setup_context=_setup_context)
 def _pipeline_backward(dout, x, ids, scores, w1, w2, w3, residuals, precision, backend):
     from .pipeline import fused_moe_backward
 
-    return fused_moe_backward(dout, x, ids, scores, w1, w2, w3, residuals, recipe_for(precision))
+    return fused_moe_backward(dout, x, ids, scores, w1, w2, w3, residuals, _kernel_recipe(precision))
 
 
 class _FusedMoEEager(torch.autograd.Function):
@@ -191,7 +201,9 @@ def moe(
         topk_ids_TK: expert of each token's k-th choice [T, K], int32 or int64, values in [0, E).
         topk_scores_TK: routing weight of each choice [T, K] (fp32 as TorchTitan's router makes them).
         w1_EFD, w3_EFD: gate and up projections [E, F, D] (TorchTitan layout); w2_EDF: down [E, D, F].
-        precision: "bf16" (implemented); "fp8", "fp8_bwd" (Hopper, coming); "mxfp8" (Blackwell only).
+        precision: "bf16"; "fp8" (block FP8 forward and backward) and "fp8_bwd" (bf16 forward, block FP8
+            backward): emulated on backend="reference" only (the Triton FP8 kernels are not written yet:
+            NotImplementedError there), D and H multiples of 128; "mxfp8" (Blackwell only).
         backend: "triton" (fused kernels, CUDA), "reference" (pure PyTorch, any device) or "auto".
 
     Differentiable in x, the three weights and the scores. Returns [T, D] in x's dtype.
@@ -199,8 +211,13 @@ def moe(
     validate_moe_inputs(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD)
     recipe = recipe_for(precision, x_TD.device)
     resolved = resolve_backend(backend, x_TD.device)
+    check_backend_precision(recipe, resolved)
+    check_block_shapes(x_TD.shape[1], w1_EFD.shape[1], recipe)
     if resolved == "reference":
         check_expert_ids(topk_ids_TK, w1_EFD.shape[0])
+        if recipe.quantized() or recipe.quantized(backward=True):
+            return moe_fp8_emulation(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD,
+                                     fp8_forward=recipe.quantized(), fp8_backward=recipe.quantized(backward=True))
         return moe_reference(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe.forward_operand)
     if _op_must_be_visible():
         p = recipe.precision.value

@@ -4,6 +4,10 @@ A `Recipe` is what the pipeline and the fake implementation read instead of hard
 operand dtype of the forward and backward GEMMs, the dtype of the saved residuals, and (for block FP8)
 the block shapes of the scales. Block-scaled operands travel as `BlockScaled` (data, scale, block), so
 kernels and launchers never take loose scale arguments.
+
+Block FP8 (`fp8`, `fp8_bwd`) has a recipe, but only the pure-PyTorch emulation runs it so far
+(`oracle.moe_fp8_emulation`, the `reference` backend); `check_backend_precision` stops the Triton
+backend with a clear error until its FP8 kernels exist. The scale policy itself is in `quant.py`.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ class Recipe:
     activation_block: tuple[int, int] | None = None  # scale blocks of quantized activations
     weight_block: tuple[int, int] | None = None  # scale blocks of quantized weights
 
+    def quantized(self, backward: bool = False) -> bool:
+        """True when the forward (or backward) GEMM operands are block-scaled 1-byte floats."""
+        return (self.backward_operand if backward else self.forward_operand).itemsize == 1
+
     def operand(self, t: torch.Tensor, backward: bool = False) -> torch.Tensor:
         """t as a GEMM operand of this recipe: contiguous, in the operand dtype."""
         dtype = self.backward_operand if backward else self.forward_operand
@@ -59,9 +67,21 @@ class Recipe:
         return t.to(dtype).contiguous()
 
 
+# DeepSeek-V3's block FP8: activations one scale per 1x128 block along the consuming GEMM's reduction
+# dimension, weights one per 128x128 block (one quantized copy serves W and W^T); quant.py has the rest
+FP8_ACTIVATION_BLOCK = (1, 128)
+FP8_WEIGHT_BLOCK = (128, 128)
+_E4M3 = torch.float8_e4m3fn
+
 RECIPES = {
     Precision.BF16: Recipe(Precision.BF16, torch.bfloat16, torch.bfloat16, torch.bfloat16),
+    Precision.FP8: Recipe(Precision.FP8, _E4M3, _E4M3, torch.bfloat16, FP8_ACTIVATION_BLOCK, FP8_WEIGHT_BLOCK),
+    Precision.FP8_BWD: Recipe(Precision.FP8_BWD, torch.bfloat16, _E4M3, torch.bfloat16, FP8_ACTIVATION_BLOCK,
+                              FP8_WEIGHT_BLOCK),
 }
+
+# what the Triton kernels implement; the other recipes run on backend='reference' only
+TRITON_PRECISIONS = (Precision.BF16,)
 
 
 def recipe_for(precision: "str | Precision", device: torch.device | None = None) -> Recipe:
@@ -87,6 +107,16 @@ def recipe_for(precision: "str | Precision", device: torch.device | None = None)
             f"available now: {', '.join(repr(q.value) for q in RECIPES)}"
         )
     return RECIPES[p]
+
+
+def check_backend_precision(recipe: Recipe, backend: str) -> None:
+    """A recipe the resolved backend cannot run stops here (NotImplementedError), never falls back."""
+    if backend == "triton" and recipe.precision not in TRITON_PRECISIONS:
+        raise NotImplementedError(
+            f"precision={recipe.precision.value!r} is not implemented yet on backend='triton' (its FP8 kernels "
+            f"do not exist yet); the Triton kernels run {', '.join(repr(p.value) for p in TRITON_PRECISIONS)}, "
+            f"and backend='reference' runs the FP8 emulation (pure PyTorch, slow: an oracle)"
+        )
 
 
 def check_precision_supported(precision: "str | Precision", device: torch.device | None = None) -> Precision:

@@ -119,11 +119,26 @@ def check_expert_ids(topk_ids_TK: torch.Tensor, num_experts: int, device_check: 
 ROW_ALIGN = 16  # D and H: pointer loads (no TMA) need 16-element (32 B) aligned rows
 
 
+def check_multiple_of(where: str, dims: dict[str, int], multiple: int, hint: str = "") -> None:
+    for name, v in dims.items():
+        if v % multiple != 0:
+            raise ValueError(f"{where}: {name} must be a multiple of {multiple}, got {v}{hint}")
+
+
 def check_row_alignment(where: str, dims: dict[str, int], hint: str = "") -> None:
     """The one shape rule every kernel shares: D and H must be multiples of ROW_ALIGN."""
-    for name, v in dims.items():
-        if v % ROW_ALIGN != 0:
-            raise ValueError(f"{where}: {name} must be a multiple of {ROW_ALIGN}, got {v}{hint}")
+    check_multiple_of(where, dims, ROW_ALIGN, hint)
+
+
+def check_block_shapes(dim: int, hidden: int, recipe) -> None:
+    """Block FP8 (a recipe with scale blocks) needs D and H to be multiples of its blocks: every GEMM
+    reduces over D or H in whole 1x128 / 128x128 blocks (quant.py)."""
+    if recipe.weight_block is None:
+        return
+    check_multiple_of(f"titan_megamoe.moe: precision={recipe.precision.value!r}",
+                      {"D (model dim)": dim, "H (expert hidden dim)": hidden}, recipe.weight_block[0],
+                      f" (the FP8 scale block); pad the model to multiples of {recipe.weight_block[0]} "
+                      f"or use precision='bf16'")
 
 
 def check_kernel_shapes(dim: int, hidden: int) -> None:

@@ -14,7 +14,7 @@ from torchtitan.models.moe.moe import GroupedExperts, MoE
 from torchtitan.tools.logging import logger
 
 from ...ops import resolve_backend
-from ...precision import check_precision_supported
+from ...precision import check_backend_precision, recipe_for
 from .modules import MegaGroupedExperts, MegaMoE
 
 CONVERTER_NAME = "mega_moe"
@@ -36,13 +36,19 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
     cfg = job_config.mega_moe
     device = _device_for_checks()
     try:
-        check_precision_supported(cfg.precision, device)
+        recipe = recipe_for(cfg.precision, device)
     except (ValueError, NotImplementedError) as e:
         _fail(f"{e} (set --mega_moe.precision bf16)")
     try:
         backend = resolve_backend(cfg.backend, device)
     except ValueError as e:
         _fail(f"{e} (set --mega_moe.backend auto)")
+    try:
+        # a job with `auto` gets the fused kernels' precisions only: the FP8 emulation is an oracle (slow,
+        # host-synchronising), trained with on purpose (backend reference), never picked by `auto`
+        check_backend_precision(recipe, "triton" if cfg.backend == "auto" else backend)
+    except NotImplementedError as e:
+        _fail(f"{e} (set --mega_moe.precision bf16, or --mega_moe.backend reference for the emulation)")
 
     if parallel_dims is not None:
         if parallel_dims.ep > 1:
