@@ -1,6 +1,7 @@
 """Block FP8 on CPU: the quantizer (quant.py), the MoE emulation (oracle.moe_fp8_emulation) against the
 float64 oracle, and the public API for precision='fp8' / 'fp8_bwd'."""
 
+import dataclasses
 import math
 import re
 from types import SimpleNamespace
@@ -239,6 +240,49 @@ def test_emulation_without_fp8_is_a_bf16_backward(case_results):
     case, dout, ref64, torch_bf16 = case_results
     got = forward_backward(lambda *a: moe_fp8_emulation(*a, fp8_forward=False, fp8_backward=False), case, dout)
     assert_flash_rule(got, ref64, torch_bf16)
+
+
+def _fake(t, quantizer):
+    return quant.dequantize(quantizer(t)).to(t.dtype)
+
+
+def test_the_gemms_see_their_operands_only_through_their_blocks():
+    """Replacing an operand by its own quantize->dequantize copy changes nothing the GEMMs that quantize it
+    that way compute (quantization is idempotent): with fp8, weights -> their 128x128 copies leaves the
+    output and every gradient bitwise equal; x -> its 1x128 copy leaves out, dx, ds; dout -> its 1x128
+    copy leaves dx, ds, dW1, dW3. (The token-blocked wgrad operands mostly do not change either: an e4m3
+    value times a power of two stays exact under another power-of-two scale unless it turns subnormal.)
+    With fp8_bwd the forward is bf16, so the quantized weight copies do change the output."""
+    case = make_case(40, D, H, 5, 2, "skewed", seed=7)
+    dout = torch.randn(40, D, generator=torch.Generator().manual_seed(8)).bfloat16()
+    fp8 = lambda *a: moe_fp8_emulation(*a, fp8_forward=True, fp8_backward=True)  # noqa: E731
+    base = forward_backward(fp8, case, dout)
+
+    def rerun(fn=fp8, d=dout, **replace):
+        return forward_backward(fn, dataclasses.replace(case, **replace), d)
+
+    def same(got, names):
+        return {n: torch.equal(got[n], base[n]) for n in names}
+
+    weights = {n: _fake(getattr(case, n), quant.quantize_weight) for n in ("w1", "w2", "w3")}
+    assert all(same(rerun(**weights), base).values())
+    assert all(same(rerun(x=_fake(case.x, quant.quantize_activation)), ["out", "dx", "dscores"]).values())
+    assert all(same(rerun(d=_fake(dout, quant.quantize_activation)), ["dx", "dscores", "dw1", "dw3"]).values())
+    fp8_bwd = lambda *a: moe_fp8_emulation(*a, fp8_forward=False, fp8_backward=True)  # noqa: E731
+    assert not torch.equal(forward_backward(fp8_bwd, case, dout)["out"], rerun(fp8_bwd, **weights)["out"])
+
+
+def test_forward_is_the_recipe_written_out():
+    """One expert, K=1, score 1 (the combine is the identity): out = bf16(Q(h) W2q^T) with
+    h = bf16(silu(g) u) from the fp32 GEMM1 of Q(x) and the 128x128 copies of W1, W3."""
+    case = make_case(37, D, H, 1, 1, seed=9)
+    case.scores = torch.ones_like(case.scores)
+    w1q, w2q, w3q = (quant.dequantize(quant.quantize_weight(w[0])) for w in (case.w1, case.w2, case.w3))
+    xq = quant.dequantize(quant.quantize_activation(case.x))
+    g, u = xq @ w1q.T, xq @ w3q.T
+    h = (g * torch.sigmoid(g) * u).bfloat16()
+    y = quant.dequantize(quant.quantize_activation(h)) @ w2q.T
+    assert torch.equal(moe_fp8_emulation(*case.inputs()), y.bfloat16())
 
 
 def test_weight_gradient_blocks_restart_at_each_expert():
