@@ -15,6 +15,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    """Every router output starts as NaN (ids: int64 min), so an element the kernel does not write fails."""
+    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
+
+
+@pytest.fixture(autouse=True)
 def _histc_on_cpu(monkeypatch):
     """The stock router counts tokens with torch.histc(int64), which CPU lacks: the same wrapper the
     CPU training path installs (titan_megamoe.integrations.torchtitan.cpu)."""
