@@ -1,0 +1,150 @@
+"""Expert parallelism, baseline transport: dispatch and combine through torch.distributed all-to-all.
+
+Each rank of the EP group owns E_local experts: rank r holds global experts [r*E_local, (r+1)*E_local)
+(TorchTitan's `ExpertParallel` layout, Shard(0) of the expert weights). For one call on one rank:
+
+  route     routed rows n = t*K + k go to rank ids[n] // E_local; the rows are put in send order (by
+            destination rank, then n: a stable sort) and the per-rank counts exchanged (one host sync
+            for the split sizes, as stock TorchTitan's EP has)
+  dispatch  all-to-all of the x rows, their expert ids and scores; the received rows are a contiguous
+            buffer, and the plan over them (`RowSource.CONTIGUOUS`, one row each, local expert ids via
+            `first_expert`) is all the expert FFN stage needs
+  FFN       `expert_ffn.ffn_forward` on the received rows, unchanged
+  combine   all-to-all of the y rows back to the ranks of their tokens, put back in routed-row order,
+            and the deterministic score-weighted sum there (`kernels.combine`)
+Backward mirrors it: the dout rows travel like x, dgrad/dx run on the received rows, dx rows and ds go
+back, the dx combine sums on the token's rank, and the weight gradients of the local experts are local.
+
+Because the received rows of an expert arrive in (source rank, token) order, which is the global token
+order, every kernel sees its rows in the order a single GPU holding all tokens would: the result is
+bitwise that of the single-GPU op (tests/test_ep.py checks it).
+No token is dropped: receive buffers are sized from the exchanged counts, whatever the skew.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..kernels.combine import combine
+from ..kernels.configs import row_block_m
+from ..kernels.routing_meta import build_routing_plan
+from ..plan import RoutingPlan
+from ..precision import Recipe
+from ..validation import check_kernel_shapes
+from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where this rank's routed rows go and how many rows it receives from each rank."""
+
+    group: dist.ProcessGroup
+    num_local_experts: int
+    first_expert: int  # global id of this rank's local expert 0
+    send_order_N: torch.Tensor  # routed rows n = t*K + k in send order (grouped by destination rank)
+    send_splits: list[int]  # rows this rank sends to each rank
+    recv_splits: list[int]  # rows this rank receives from each rank
+
+    @property
+    def num_received(self) -> int:
+        return sum(self.recv_splits)
+
+
+def route(topk_ids_TK: torch.Tensor, num_local_experts: int, group: dist.ProcessGroup) -> Route:
+    ep, rank = dist.get_world_size(group), dist.get_rank(group)
+    dest_N = topk_ids_TK.reshape(-1) // num_local_experts
+    send_order_N = torch.sort(dest_N, stable=True).indices
+    send_counts = torch.bincount(dest_N, minlength=ep)[:ep]
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    splits = torch.stack([send_counts, recv_counts]).tolist()  # the one host sync: buffer sizes
+    return Route(group, num_local_experts, rank * num_local_experts, send_order_N, splits[0], splits[1])
+
+
+def exchange(rows: torch.Tensor, r: Route, back: bool = False) -> torch.Tensor:
+    """All-to-all of rows in send order (to their owners), or, `back`, of received rows (to their sources)."""
+    send, recv = (r.recv_splits, r.send_splits) if back else (r.send_splits, r.recv_splits)
+    out = rows.new_empty((sum(recv), *rows.shape[1:]))
+    dist.all_to_all_single(out, rows.contiguous(), recv, send, group=r.group)
+    return out
+
+
+def to_routed_order(rows_send: torch.Tensor, r: Route) -> torch.Tensor:
+    """Rows in send order -> routed-row order n = t*K + k (the order the combine reads)."""
+    out = torch.empty_like(rows_send)
+    out[r.send_order_N] = rows_send
+    return out
+
+
+def received_plan(recv_ids_R: torch.Tensor, r: Route) -> RoutingPlan:
+    return build_routing_plan(recv_ids_R, r.num_local_experts, row_block_m(), first_expert=r.first_expert)
+
+
+class FusedMoEExpertParallel(torch.autograd.Function):
+    """The Triton pipeline under EP (all-to-all transport). Differentiable in x, the scores and the local
+    expert weights; eager only (the split sizes are read on the host)."""
+
+    @staticmethod
+    def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, group):
+        E_local, H, D = w1_EHD.shape
+        check_kernel_shapes(D, H)
+        K = topk_ids_TK.shape[1]
+        r = route(topk_ids_TK, E_local, group)
+        send = r.send_order_N
+        recv_x = exchange(x_TD[send // K], r)
+        recv_ids = exchange(topk_ids_TK.reshape(-1)[send], r)
+        recv_scores = exchange(topk_scores_TK.float().reshape(-1)[send], r)
+        plan = received_plan(recv_ids, r)
+        y_recv, residuals = ffn_forward(recv_x, plan, w1_EHD, w2_EDH, w3_EHD, recipe)
+        y_ND = to_routed_order(exchange(y_recv, r, back=True), r)
+        out = combine(y_ND, topk_scores_TK.float().contiguous(), K, x_TD.dtype)
+        torch._assert_async(plan.ids_ok, "titan_megamoe.moe: a received expert id is not one of this rank's experts")
+        ctx.save_for_backward(recv_x, recv_scores, w1_EHD, w2_EDH, w3_EHD, plan.packed, *residuals)
+        ctx.route, ctx.layout, ctx.recipe, ctx.K = r, plan.layout, recipe, K
+        ctx.scores_dtype, ctx.x_dtype = topk_scores_TK.dtype, x_TD.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, dout_TD):
+        recv_x, recv_scores, w1, w2, w3, packed, *residuals = ctx.saved_tensors
+        r, K = ctx.route, ctx.K
+        plan = RoutingPlan.from_packed(packed, ctx.layout)
+        recv_dout = exchange(dout_TD[r.send_order_N // K], r)
+        dx_recv, ds_recv, saved = ffn_backward_input(recv_dout, plan, recv_scores, w1, w2, w3, residuals, ctx.recipe)
+        dx_ND = to_routed_order(exchange(dx_recv, r, back=True), r)
+        ds_N = to_routed_order(exchange(ds_recv, r, back=True), r)
+        dx = combine(dx_ND, None, K, ctx.x_dtype)
+        dw1, dw2, dw3 = ffn_backward_weights(recv_x, plan, w1, w2, saved, ctx.recipe)
+        ds = ds_N.view(-1, K).to(ctx.scores_dtype)
+        return dx, None, ds, dw1, dw2, dw3, None, None
+
+
+def moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, compute_dtype, group):
+    """The reference backend under EP: the same transport through autograd's all-to-all, the oracle's
+    expert FFN on the received rows, stock's fp32 combine; gradients from autograd."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    from ..oracle import moe_reference
+
+    T, K = topk_ids_TK.shape
+    E_local = w1_EHD.shape[0]
+    r = route(topk_ids_TK, E_local, group)
+
+    def send(rows, back=False):
+        s, rv = (r.recv_splits, r.send_splits) if back else (r.send_splits, r.recv_splits)
+        return all_to_all_single_autograd(rows.contiguous(), rv, s, group)
+
+    recv_x = send(x_TD[r.send_order_N // K])
+    with torch.no_grad():
+        recv_local_ids = exchange(topk_ids_TK.reshape(-1)[r.send_order_N], r) - r.first_expert
+    ones = torch.ones(r.num_received, 1, dtype=torch.float32, device=x_TD.device)
+    # K = 1 and score 1: the oracle returns the expert output rows y themselves, in x's dtype
+    y_recv = moe_reference(recv_x, recv_local_ids[:, None], ones, w1_EHD, w2_EDH, w3_EHD, compute_dtype)
+    if r.num_received == 0:  # keep recv_x in the graph: every rank must join the backward's all-to-all
+        y_recv = y_recv + 0 * recv_x.sum()
+    y_ND = to_routed_order(send(y_recv, back=True), r)
+    out = torch.bmm(topk_scores_TK.reshape(T, 1, K).float(), y_ND.reshape(T, K, -1).float())
+    return out.squeeze(1).to(x_TD.dtype)
