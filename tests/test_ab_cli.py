@@ -167,9 +167,15 @@ def test_interrupt_terminates_child(tmp_path):
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    t0 = time.time()
-    result = run_arm("stock", child, tmp_path / "stock.log", 3, echo=lambda s: None)
+    # A shell's background job (`pytest &`) starts with SIGINT ignored, so Ctrl-C's signal would never
+    # raise KeyboardInterrupt here: install Python's own handler for this test, whatever we inherited.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        t0 = time.time()
+        result = run_arm("stock", child, tmp_path / "stock.log", 3, echo=lambda s: None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert result.interrupted and not result.ok and result.failure == "interrupted"
     assert time.time() - t0 < 30
     pid = int(pid_file.read_text())
