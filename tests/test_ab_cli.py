@@ -156,6 +156,15 @@ def test_usage_errors(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_out_naming_a_file_is_a_usage_error(tmp_path, capsys):
+    taken = tmp_path / "ab_out"
+    taken.write_text("not a directory")
+    assert ab_cli.main(["--out", str(taken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("titan-megamoe ab: --out") and "existing file" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and taken.read_text() == "not a directory"
+
+
 def test_interrupt_terminates_child(tmp_path):
     pid_file = tmp_path / "pid"
     child = [sys.executable, "-c", f"import os,time; open({str(pid_file)!r},'w').write(str(os.getpid())); "

@@ -195,7 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        print(f"titan-megamoe ab: --out {out} is an existing file, not a directory; "
+              f"pass a new or existing directory (e.g. --out {out}_ab)", file=sys.stderr)
+        return 2
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"titan-megamoe ab: cannot create --out {out}: {e.strerror or e}; pass a writable directory",
+              file=sys.stderr)
+        return 2
     results: list[tuple[ArmResult, bool]] = []
     interrupted = False
 
