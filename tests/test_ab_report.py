@@ -91,3 +91,31 @@ def test_commit_of_an_editable_install(checkout, monkeypatch):
     assert got["commit"] == git(checkout, "rev-parse", "HEAD") and got["dirty"] is True
     monkeypatch.setenv("TITAN_MEGAMOE_COMMIT", "abc")
     assert environment.git_commit()["commit"] == "abc"
+
+
+# ---------------------------------------------------------------- ab.png
+
+
+def test_plot_leaves_out_the_warm_up_and_titles_the_speedup(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from titan_megamoe.ab import plot
+
+    r = record("NVIDIA H200", speedup=1.327)
+    r["warmup"] = 1
+    for arm, offset in (("stock", 0.0), ("mega_moe", 0.01)):
+        r["arms"][arm]["steps"] = [{"step": k, "loss": 8.0 - k + offset} for k in (1, 2, 3, 4)]
+        r["arms"][arm]["summary"]["step_time_s_per_step"] = {"1": 17.0, "2": 0.5, "3": 0.52, "4": 0.49}
+    r["comparison"]["loss_diff"]["per_step"] = {"1": 0.004, "2": 0.005, "3": float("nan"), "4": 0.006}
+    fig = plot.build_figure(r)
+    ax_loss, ax_time, ax_diff = fig.axes
+    try:
+        assert "speedup 1.327x (stock step time / mega_moe step time)" in ax_loss.get_title()
+        assert ax_time.get_ylim()[1] < 1.0  # step 1's 17 s is not drawn: the timed steps fill the panel
+        assert all(min(line.get_xdata()) == 2 for line in ax_time.get_lines())
+        assert "step 1 of warm-up not shown" in ax_time.get_title()
+        assert ax_diff.get_ylim()[0] == 0.0 and list(ax_diff.get_lines()[0].get_xdata()) == [1, 2, 4]
+    finally:
+        plt.close(fig)
+    plot.plot_ab(r, tmp_path / "ab.png")
+    assert (tmp_path / "ab.png").stat().st_size > 0
