@@ -75,8 +75,8 @@ def on_cpu(record: dict) -> bool:
 
 CPU_TIMING_NOTE = (
     "CPU run: step times and their ratio are not a performance result. The fused Triton kernels do not run "
-    "on a CPU (mega_moe runs the PyTorch reference backend there) and step times on a CPU vary run to run by "
-    "more than the difference measured; read speed from a GPU run, against an --arms stock,stock noise floor"
+    "on a CPU (mega_moe runs the PyTorch reference backend there) and step times on a shared CPU vary from "
+    "run to run; read speed from a GPU run, against an --arms stock,stock noise floor"
 )
 
 
