@@ -294,3 +294,20 @@ def test_real_ab_mega_arm_fails(tmp_path):
                            "implemented yet") and "--mega_moe.precision bf16" in last, last
     record = json.loads((out / "ab.json").read_text())
     assert record["arms"]["stock"]["ok"] and not record["arms"]["mega_moe"]["ok"]
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_real_ab_diverging_stock_arm_fails(tmp_path):
+    """The issue's repro: the real trainer prints NaN/inf metrics; the A/B must fail and say where."""
+    out = tmp_path / "ab"
+    proc = run_ab("--steps", "3", "--warmup", "1", "--nproc", "1", "--out", str(out), "--stock-args", "--optimizer.lr 1e12")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("titan-megamoe ab: stock arm diverged: ") and " at step " in last, last
+    record = json.loads((out / "ab.json").read_text())
+    bad = record["arms"]["stock"]["summary"]["first_non_finite"]
+    assert bad["value"] in ("nan", "inf", "-inf") and record["arms"]["mega_moe"]["summary"]["first_non_finite"] is None
+    assert "1e12" not in " ".join(record["arms"]["mega_moe"]["command"])
+    ld = record["comparison"]["loss_diff"]
+    assert ld["max_abs_step"] not in ld["non_finite_steps"] and ld["n_steps"] + len(ld["non_finite_steps"]) == 3

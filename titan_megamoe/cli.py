@@ -7,8 +7,9 @@ import sys
 USAGE = """usage: titan-megamoe {train,ab} ... | --version
 
   train --config X.toml [torchtitan overrides ...]   run the TorchTitan 0.2.2 trainer with titan-megamoe loaded
-  ab [--config X.toml] [--steps N] [--warmup W] [--out DIR] [-- overrides]
+  ab [--config X.toml] [--steps N] [--warmup W] [--out DIR] [--stock-args "..."] [--mega-args "..."] [-- overrides]
                                                      run stock and mega_moe on the same config and compare
+  --version                                          versions of titan-megamoe, torch, triton, torchtitan, torchao
 """
 
 
