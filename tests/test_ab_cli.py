@@ -27,10 +27,13 @@ FAKE_TRAINER = textwrap.dedent(
     mega = "--mega_moe.enable" in args
     assert mega or "--mega_moe.no-enable" in args
     steps = int(opt("--training.steps"))
+    lr = float(opt("--optimizer.lr", "8e-4"))  # 1e12: the loss turns NaN from step 3, as a diverging run does
     def log(msg):
         t = dt.datetime.now()
         print(f"[titan] {t:%Y-%m-%d %H:%M:%S},{t.microsecond // 1000:03d} - root - INFO - {msg}", flush=True)
     log("CPU capacity: FakeCPU 9000 with 31.00GiB memory")
+    if mega:
+        log("[mega_moe] swapped 2 MoE layers to the fused op: precision=bf16, backend=reference, router stock, AC none")
     if mega and opt("--mega_moe.precision") == "fp8":
         print("Traceback (most recent call last):")
         print("NotImplementedError: precision='fp8' is not implemented yet in titan-megamoe")
@@ -39,7 +42,7 @@ FAKE_TRAINER = textwrap.dedent(
     os.makedirs(dump, exist_ok=True)
     json.dump({"model": {"name": "qwen3", "flavor": "fake"},
                "activation_checkpoint": {"mode": "selective", "selective_ac_option": "op"},
-               "mega_moe": {"enable": mega, "save_under_sac": False}},
+               "mega_moe": {"enable": mega, "save_under_sac": False}, "optimizer": {"lr": lr}},
               open(os.path.join(dump, opt("--job.save_config_file")), "w"))
     log("Trainer is initialized with local batch size 2, global batch size 2, gradient accumulation steps 1, "
         "sequence length 32, total steps %d (warmup 1)" % steps)
@@ -47,7 +50,10 @@ FAKE_TRAINER = textwrap.dedent(
     for step in range(1, steps + 1):
         time.sleep(0.06)
         loss = 8.0 - 0.25 * step + (0.001 if mega and step > 1 else 0.0)
-        log(f"\\033[31mstep: {step:2}  \\033[32mloss: {loss:8.5f}  grad_norm: {1.0:7.4f}  "
+        gnorm = 1.0
+        if lr > 1e6 and step >= 2:
+            loss, gnorm = (float("nan"), float("inf")) if step >= 3 else (loss, float("inf"))
+        log(f"\\033[31mstep: {step:2}  \\033[32mloss: {loss:8.5f}  grad_norm: {gnorm:7.4f}  "
             f"memory: {0.0:5.2f}GiB(0.00%)  tps: {1066:,}  tflops: 0.00  mfu: 0.00%\\033[39m")
     log("Training completed")
     '''
@@ -99,6 +105,48 @@ def test_fake_trainer_run(fake_trainer, tmp_path, capsys):
     assert captured.out.rstrip().splitlines()[-1].startswith(("step time:", "warning:"))  # the table comes last
     assert "mega/stock" in captured.out and "speedup" in captured.out
     assert "--debug.deterministic" in record["arms"]["stock"]["command"]
+    # what differs, said: the flag, and the expert path that ran (the router is stock's in both: reference backend)
+    mm = record["arms"]["mega_moe"]["mega_moe"]
+    assert (mm["enable"], mm["backend"], mm["router_ran"], mm["experts_ran"]) == (
+        True, "auto", "stock", "fused op (reference backend, bf16)")
+    assert record["arms"]["stock"]["mega_moe"]["router_ran"] == "stock"
+    differ = record["comparison"]["arms_differ_in"]
+    assert differ == "mega_moe.enable (False vs True); experts_ran (stock GroupedExperts vs fused op (reference backend, bf16))"
+    assert f"arms differ in: {differ}" in captured.out and f"arms differ in: {differ}" in (out / "ab.md").read_text()
+
+
+def test_per_arm_overrides_and_a_diverging_arm_fails(fake_trainer, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = ab_cli.main(["--config", str(fake_trainer), "--steps", "4", "--warmup", "1", "--out", str(out),
+                      "--stock-args", "--optimizer.lr 1e12", "--mega-args=--training.seq_len 32", "--", "--debug.x", "1"])
+    captured = capsys.readouterr()
+    assert rc == 1, captured.err
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("titan-megamoe ab: stock arm diverged: grad_norm inf at step 2"), last
+    record = json.loads((out / "ab.json").read_text())
+    stock, mega = record["arms"]["stock"], record["arms"]["mega_moe"]
+    assert stock["arm_overrides"] == ["--optimizer.lr", "1e12"] and mega["arm_overrides"] == ["--training.seq_len", "32"]
+    assert stock["command"][-4:] == ["--debug.x", "1", "--optimizer.lr", "1e12"] and "1e12" not in mega["command"]
+    assert record["ok"] is False and record["diverged"]
+    assert stock["summary"]["first_non_finite"] == {"step": 2, "metric": "grad_norm", "value": "inf"}
+    assert [s["loss"] for s in stock["steps"]][2:] == ["nan", "nan"]  # visible in ab.json, not null
+    ld = record["comparison"]["loss_diff"]
+    assert ld["n_steps"] == 2 and ld["n_common_steps"] == 4 and ld["max_abs_step"] == 2
+    assert ld["non_finite_steps"] == [3, 4]
+    assert {"key": "optimizer.lr", "base": 1e12, "cand": 8e-4} in record["comparison"]["differences"]
+    md = (out / "ab.md").read_text()
+    assert "overrides (this arm only): `--optimizer.lr 1e12`" in md and "over the 2 of 4 common steps" in md
+
+
+def test_bad_per_arm_value_stops_before_any_run(fake_trainer, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = ab_cli.main(["--config", str(fake_trainer), "--out", str(out), "--mega-args", "--mega_moe.backend cuda"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert err.startswith("titan-megamoe ab: mega_moe arm: [mega_moe] backend must be one of") and "'cuda'" in err
+    assert not (out / "stock.log").exists()
+    assert ab_cli.main(["--config", str(fake_trainer), "--out", str(out), "--stock-args", "--mega_moe.enable"]) == 2
+    assert "not allowed" in capsys.readouterr().err
 
 
 def test_noise_floor_runs_one_backend_twice(fake_trainer, tmp_path, capsys):
@@ -133,8 +181,11 @@ def test_fake_trainer_arm_failure(fake_trainer, tmp_path, capsys):
                       "--no-deterministic", "--", "--mega_moe.precision", "fp8"])
     captured = capsys.readouterr()
     assert rc == 1
-    assert "[mega_moe] FAILED (exit code 1)" in captured.err
-    assert "NotImplementedError: precision='fp8'" in captured.err  # the log tail
+    # the screen ends with the cause, once, and where the full log is
+    assert captured.err.strip().splitlines()[-1] == (
+        "titan-megamoe ab: [mega_moe] FAILED (exit code 1): NotImplementedError: precision='fp8' is not "
+        f"implemented yet in titan-megamoe  [full log: {out / 'mega_moe.log'}]")
+    assert captured.err.count("precision='fp8'") == 1
     record = json.loads((out / "ab.json").read_text())
     assert record["ok"] is False and record["arms"]["stock"]["ok"] and not record["arms"]["mega_moe"]["ok"]
     assert "--debug.deterministic" not in record["arms"]["stock"]["command"]
@@ -156,6 +207,15 @@ def test_usage_errors(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_out_naming_a_file_is_a_usage_error(tmp_path, capsys):
+    taken = tmp_path / "ab_out"
+    taken.write_text("not a directory")
+    assert ab_cli.main(["--out", str(taken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("titan-megamoe ab: --out") and "existing file" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and taken.read_text() == "not a directory"
+
+
 def test_interrupt_terminates_child(tmp_path):
     pid_file = tmp_path / "pid"
     child = [sys.executable, "-c", f"import os,time; open({str(pid_file)!r},'w').write(str(os.getpid())); "
@@ -167,9 +227,15 @@ def test_interrupt_terminates_child(tmp_path):
             time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=interrupt, daemon=True).start()
-    t0 = time.time()
-    result = run_arm("stock", child, tmp_path / "stock.log", 3, echo=lambda s: None)
+    # A shell's background job (`pytest &`) starts with SIGINT ignored, so Ctrl-C's signal would never
+    # raise KeyboardInterrupt here: install Python's own handler for this test, whatever we inherited.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        t0 = time.time()
+        result = run_arm("stock", child, tmp_path / "stock.log", 3, echo=lambda s: None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert result.interrupted and not result.ok and result.failure == "interrupted"
     assert time.time() - t0 < 30
     pid = int(pid_file.read_text())
@@ -207,7 +273,14 @@ def test_real_ab_tiny(tmp_path):
     assert record["config"].endswith(cfg.DEFAULT_CONFIG)
     assert "mega/stock" in proc.stdout and "step time, median (s)" in proc.stdout
     assert "[stock] step 3/3" in proc.stdout and "[mega_moe] step 3/3" in proc.stdout
-    assert proc.stdout.rstrip().splitlines()[-1].startswith(("step time:", "warning:"))  # the table comes last
+    # the table comes last, and on this CPU it ends by saying its step times are not a result
+    from titan_megamoe.ab.report import CPU_TIMING_NOTE
+
+    assert proc.stdout.rstrip().splitlines()[-1] == CPU_TIMING_NOTE
+    assert "(CPU: not meaningful, see below)" in proc.stdout
+    # the trainer's own resolved config and swap line say what differs: the flag and the expert path
+    assert record["comparison"]["arms_differ_in"].startswith("mega_moe.enable (False vs True); experts_ran")
+    assert record["arms"]["mega_moe"]["mega_moe"]["experts_ran"] == "fused op (reference backend, bf16)"
 
 
 @pytest.mark.slow
@@ -216,6 +289,25 @@ def test_real_ab_mega_arm_fails(tmp_path):
     out = tmp_path / "ab"
     proc = run_ab("--steps", "1", "--warmup", "0", "--nproc", "1", "--out", str(out), "--", "--mega_moe.precision", "fp8")
     assert proc.returncode == 1
-    assert "[mega_moe] FAILED" in proc.stderr and "not implemented yet" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("titan-megamoe ab: [mega_moe] FAILED (exit code 1): [mega_moe] precision='fp8' is not "
+                           "implemented yet") and "--mega_moe.precision bf16" in last, last
     record = json.loads((out / "ab.json").read_text())
     assert record["arms"]["stock"]["ok"] and not record["arms"]["mega_moe"]["ok"]
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_real_ab_diverging_stock_arm_fails(tmp_path):
+    """The issue's repro: the real trainer prints NaN/inf metrics; the A/B must fail and say where."""
+    out = tmp_path / "ab"
+    proc = run_ab("--steps", "3", "--warmup", "1", "--nproc", "1", "--out", str(out), "--stock-args", "--optimizer.lr 1e12")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("titan-megamoe ab: stock arm diverged: ") and " at step " in last, last
+    record = json.loads((out / "ab.json").read_text())
+    bad = record["arms"]["stock"]["summary"]["first_non_finite"]
+    assert bad["value"] in ("nan", "inf", "-inf") and record["arms"]["mega_moe"]["summary"]["first_non_finite"] is None
+    assert "1e12" not in " ".join(record["arms"]["mega_moe"]["command"])
+    ld = record["comparison"]["loss_diff"]
+    assert ld["max_abs_step"] not in ld["non_finite_steps"] and ld["n_steps"] + len(ld["non_finite_steps"]) == 3

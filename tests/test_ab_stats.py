@@ -6,7 +6,7 @@ import math
 import pytest
 
 from titan_megamoe.ab.metrics import StepMetrics
-from titan_megamoe.ab.stats import compare, loss_difference, median, quartiles, ratio, step_times, summarize_arm
+from titan_megamoe.ab.stats import compare, first_non_finite, loss_difference, median, quartiles, ratio, step_times, summarize_arm
 
 T0 = dt.datetime(2026, 12, 2, 12, 0, 0)
 
@@ -85,8 +85,22 @@ def test_loss_difference_all_steps():
 
 
 def test_loss_difference_nan():
-    a = steps_at([1, 2], losses=[7.0, 6.0])
-    b = steps_at([1, 2], losses=[7.0, float("nan")])
+    a = steps_at([1, 2, 3], losses=[7.0, 6.0, 5.0])
+    b = steps_at([1, 2, 3], losses=[7.0, 6.5, float("nan")])
     d = loss_difference(a, b)
-    assert d["non_finite_steps"] == [2] and d["max_abs"] == 0.0 and d["max_abs_step"] == 2
-    assert math.isnan(d["per_step"]["2"])
+    assert d["non_finite_steps"] == [3] and d["max_abs"] == 0.5
+    assert d["max_abs_step"] == 2  # the largest finite difference, never the NaN step
+    assert d["n_steps"] == 2 and d["n_common_steps"] == 3  # "over N steps": the steps averaged
+    assert d["mean_abs"] == pytest.approx(0.25)
+    assert math.isnan(d["per_step"]["3"])
+    all_nan = loss_difference(steps_at([1], losses=[float("nan")]), steps_at([1], losses=[1.0]))
+    assert all_nan["n_steps"] == 0 and all_nan["max_abs_step"] is None and all_nan["max_abs"] is None
+
+
+def test_first_non_finite_loss_or_grad_norm():
+    steps = steps_at([1, 2, 3, 4])
+    assert first_non_finite(steps) is None
+    steps[2].grad_norm = float("inf")
+    steps[3].loss = float("nan")
+    assert first_non_finite(steps) == {"step": 3, "metric": "grad_norm", "value": float("inf")}
+    assert summarize_arm(steps, warmup=1)["first_non_finite"]["step"] == 3

@@ -166,6 +166,12 @@ def test_config_error_fails_the_job_before_training(tmp_path):
     errors = [line for line in run.log.splitlines() if "ValueError: [mega_moe]" in line]
     assert errors and "mxfp8" in errors[0] and "Blackwell" in errors[0] and "--mega_moe.precision bf16" in errors[0]
     assert not run.steps and "Training starts" not in run.log
+    # the screen ends with that one line and the log that keeps the rest (torchrun's tracebacks)
+    log = run.dump / "titan-megamoe-train.log"
+    assert run.log.rstrip().splitlines()[-1] == (
+        f"titan-megamoe train: failed (exit {run.returncode}): {errors[0].split('ValueError: ', 1)[1]}  "
+        f"[full log: {log}]")
+    assert "ChildFailedError" in log.read_text()
 
 
 def test_missing_config_file(tmp_path):

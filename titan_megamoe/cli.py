@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: titan-megamoe {train,ab} ...
+USAGE = """usage: titan-megamoe {train,ab} ... | --version
 
   train --config X.toml [torchtitan overrides ...]   run the TorchTitan 0.2.2 trainer with titan-megamoe loaded
-  ab [--config X.toml] [--steps N] [--warmup W] [--out DIR] [-- overrides]
+  ab [--config X.toml] [--steps N] [--warmup W] [--out DIR] [--stock-args "..."] [--mega-args "..."] [-- overrides]
                                                      run stock and mega_moe on the same config and compare
+  --version                                          versions of titan-megamoe, torch, triton, torchtitan, torchao
 """
+
+
+def version_line() -> str:
+    """Our version and the versions it runs against (a bug report needs all of them)."""
+    import importlib.metadata
+
+    from . import __version__
+
+    deps = []
+    for name in ("torch", "triton", "torchtitan", "torchao"):
+        try:
+            deps.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            deps.append(f"{name} not installed")
+    return f"titan-megamoe {__version__} ({', '.join(deps)})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(version_line())
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "train":
         from .integrations.torchtitan.launch import main as train_main

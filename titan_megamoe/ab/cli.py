@@ -6,6 +6,11 @@ Writes to the out dir: stock.log, mega_moe.log, ab.json (everything), ab.md (tab
 (loss curves, step times); prints the table last. Exit code 0 when both arms trained and logged metrics,
 1 when an arm failed, 2 for a usage error, 130 when interrupted.
 
+`--stock-args "..."` and `--mega-args "..."` add TorchTitan overrides to one arm only (after the common ones),
+e.g. stock TorchTitan's float8 recipe as the baseline; ab.json/ab.md record each arm's overrides, its resolved
+`[mega_moe]` settings, the router and expert path that ran, and one line "arms differ in: ...". An arm whose
+loss or grad_norm turns NaN/inf fails the A/B (exit 1, naming the arm and the first bad step).
+
 `--arms stock,stock` (or `mega_moe,mega_moe`) runs one backend twice instead: the loss difference and
 step-time ratio of that pair are the run-to-run noise floor against which a stock-vs-mega_moe A/B
 (especially one without --debug.deterministic) can be read. The second arm is then named `<kind>_repeat`.
@@ -21,6 +26,7 @@ from pathlib import Path
 
 from . import config as cfg
 from .arm import ArmResult, python_module_command, run_arm
+from .differences import describe, differences, mega_moe_settings
 from .environment import environment
 from .plot import plot_ab
 from .report import format_table, write_json, write_markdown
@@ -30,6 +36,7 @@ DEFAULT_STEPS = 12
 DEFAULT_WARMUP = 2
 DEFAULT_SEED = 42
 ARM_KINDS = {"stock": False, "mega_moe": True}  # kind -> [mega_moe] enable
+ARM_ARGS = {"--stock-args": "stock", "--mega-args": "mega_moe"}  # per-arm overrides option -> arm kind
 DEFAULT_ARMS = "stock,mega_moe"
 SAVED_CONFIG = "resolved_config.json"  # written by the trainer into each arm's dump folder
 # Overrides that would break the comparison or the parsing; each has its own option here.
@@ -69,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the two arms, baseline first: stock,mega_moe (default); stock,stock or mega_moe,mega_moe "
         "measure the run-to-run noise floor of one backend",
     )
+    for option, kind in ARM_ARGS.items():  # taken out of argv before argparse (their values start with --)
+        p.add_argument(option, metavar='"ARGS"', default="",
+                       help=f"TorchTitan overrides for the {kind} arm(s) only, one quoted string, "
+                       f"e.g. {option} \"--compile.enable\"")
     p.add_argument(
         "--no-deterministic",
         dest="deterministic",
@@ -85,6 +96,28 @@ def parse_arms(text: str) -> list[tuple[str, bool]]:
         raise ValueError(f"--arms takes two of {', '.join(ARM_KINDS)} separated by a comma, got {text!r}")
     names = [kinds[0], kinds[1] + "_repeat" if kinds[1] == kinds[0] else kinds[1]]
     return [(name, ARM_KINDS[kind]) for name, kind in zip(names, kinds)]
+
+
+def take_arm_args(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Remove `--stock-args V` / `--mega-args=V` from our options: (rest, {arm kind: overrides}).
+
+    argparse would read a value starting with `--` as an option, so these two are taken out first."""
+    rest, per_kind, i = [], {kind: [] for kind in ARM_KINDS}, 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if name in ARM_ARGS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f'{name} needs a value, e.g. {name} "--optimizer.lr 1e-3"')
+                value, i = argv[i + 1], i + 1
+            try:
+                per_kind[ARM_ARGS[name]] += shlex.split(value)
+            except ValueError as e:
+                raise ValueError(f"{name} {value!r}: {e}") from None
+        else:
+            rest.append(argv[i])
+        i += 1
+    return rest, per_kind
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -108,13 +141,15 @@ def arm_command(args: argparse.Namespace, config_path: Path, out: Path, arm: str
     return python_module_command(*cmd, *overrides)
 
 
-def _arm_record(result: ArmResult, args, values: dict, mega: bool, out: Path) -> dict:
+def _arm_record(result: ArmResult, args, values: dict, mega: bool, out: Path, arm_args: list[str]) -> dict:
     parser = result.parser
+    requested = cfg.apply_overrides(values, [("mega_moe.enable", mega)])  # the flag is on the command line
     saved = cfg.load_saved(out / result.name / SAVED_CONFIG)
     if saved is not None:  # the JobConfig the trainer itself resolved: the authority
         values = saved
         settings = {**cfg.arm_settings(values, mega), "source": str(out / result.name / SAVED_CONFIG)}
     else:
+        values = requested
         settings = cfg.arm_settings(values, mega)
     tokens = parser.tokens_per_step
     if tokens is None and isinstance(settings.get("local_batch_size"), int) and isinstance(settings.get("seq_len"), int):
@@ -132,7 +167,11 @@ def _arm_record(result: ArmResult, args, values: dict, mega: bool, out: Path) ->
         "command": result.command,
         "command_line": shlex.join(result.command),
         "log": str(result.log_path),
+        "arm_overrides": arm_args,
         "settings": settings,
+        "mega_moe": mega_moe_settings(values, parser.info.get("mega_moe_swap")),
+        "requested": requested,  # TOML + overrides (+ the arm's flag)
+        "resolved": saved,  # the trainer's whole JobConfig, None when it wrote none
         "run_info": dict(parser.info),
         "summary": summary,
         "steps": [s.to_json() for s in parser.steps],
@@ -168,10 +207,47 @@ def _warnings(record: dict, steps: int) -> list[str]:
     return out
 
 
+def _check_mega_moe(values: dict, arm: str) -> None:
+    """The `[mega_moe]` values this arm would start with: a bad one is our one-line error, before any run."""
+    from ..integrations.torchtitan.config import MegaMoEConfigError, check_section
+
+    section = values.get("mega_moe")
+    if isinstance(section, dict):
+        try:
+            check_section(section)
+        except MegaMoEConfigError as e:
+            raise cfg.ConfigError(f"{arm} arm: {e}") from None
+
+
+def _divergence(record: dict) -> list[str]:
+    out = []
+    for arm, a in record["arms"].items():
+        bad = (a.get("summary") or {}).get("first_non_finite")
+        if bad:
+            out.append(f"{arm} arm diverged: {bad['metric']} {bad['value']} at step {bad['step']} (the first "
+                       f"non-finite loss or grad_norm); lower the learning rate or check that arm's overrides")
+    return out
+
+
+def _failure_cause(result: ArmResult) -> str:
+    """The first error in the arm's log (the trainer's own last line names it), else its log's tail."""
+    from ..integrations.torchtitan.failure import first_error
+
+    try:
+        cause = first_error(result.log_path.read_text(errors="replace"))
+    except OSError:
+        cause = None
+    return cause or "no error message in the log"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, overrides = _split_overrides(argv)
     parser = build_parser()
+    try:
+        ours, arm_args = take_arm_args(ours)
+    except ValueError as e:
+        parser.error(str(e))
     args, unknown = parser.parse_known_args(ours)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (TorchTitan overrides go after `--`)")
@@ -185,17 +261,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     try:
         config_path = cfg.resolve_config_path(args.config)
-        keys = {k for k, _ in cfg.parse_overrides(overrides)}
-        for key, why in RESERVED.items():
-            if key in keys:
-                raise cfg.ConfigError(f"override --{key} is not allowed here: {why}")
-        values = cfg.load_config(config_path, overrides)
+        arm_values = {}
+        for arm, mega in arms:
+            kind = "mega_moe" if mega else "stock"
+            arm_overrides = overrides + arm_args[kind]
+            keys = {k for k, _ in cfg.parse_overrides(arm_overrides)}
+            for key, why in RESERVED.items():
+                if key in keys:
+                    raise cfg.ConfigError(f"override --{key} is not allowed here: {why}")
+            arm_values[arm] = cfg.load_config(config_path, arm_overrides)
+            _check_mega_moe(arm_values[arm], arm)
     except cfg.ConfigError as e:
         print(f"titan-megamoe ab: {e}", file=sys.stderr)
         return 2
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        print(f"titan-megamoe ab: --out {out} is an existing file, not a directory; "
+              f"pass a new or existing directory (e.g. --out {out}_ab)", file=sys.stderr)
+        return 2
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"titan-megamoe ab: cannot create --out {out}: {e.strerror or e}; pass a writable directory",
+              file=sys.stderr)
+        return 2
     results: list[tuple[ArmResult, bool]] = []
     interrupted = False
 
@@ -205,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         for arm, mega in arms:
-            result = run_arm(arm, arm_command(args, config_path, out, arm, mega, overrides), out / f"{arm}.log", args.steps)
+            own = arm_args["mega_moe" if mega else "stock"]
+            command = arm_command(args, config_path, out, arm, mega, overrides + own)
+            result = run_arm(arm, command, out / f"{arm}.log", args.steps)
             results.append((result, mega))
             if result.interrupted:
                 interrupted = True
@@ -227,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": overrides,
         "arm_order": [name for name, _ in arms],
         "interrupted": interrupted,
-        "arms": {r.name: _arm_record(r, args, values, mega, out) for r, mega in results},
+        "arms": {
+            r.name: _arm_record(r, args, arm_values[r.name], mega, out, arm_args["mega_moe" if mega else "stock"])
+            for r, mega in results
+        },
     }
     info = next((r.parser.info for r, _ in results if r.parser.info.get("device_name")), {})
     record["environment"] = environment(info)
@@ -238,16 +333,18 @@ def main(argv: list[str] | None = None) -> int:
         comparison = compare(record["arms"][base]["summary"], record["arms"][cand]["summary"])
         comparison["loss_diff"] = loss_difference(by_name[base].parser.steps, by_name[cand].parser.steps)
         comparison["baseline"], comparison["candidate"] = base, cand
+        diffs = differences(record["arms"][base], record["arms"][cand])
+        comparison["differences"], comparison["arms_differ_in"] = diffs, describe(diffs)
         record["comparison"] = comparison
     record["warnings"] = _warnings(record, args.steps)
-    ok = len(results) == len(arms) and all(r.ok for r, _ in results) and not interrupted
+    diverged = _divergence(record)
+    record["diverged"] = diverged
+    ok = len(results) == len(arms) and all(r.ok for r, _ in results) and not interrupted and not diverged
     record["ok"] = ok
+    # the lines the screen ends with: why the A/B failed, each with its fix or its log
+    errors = [f"[{r.name}] FAILED ({r.failure}): {_failure_cause(r)}  [full log: {r.log_path}]"
+              for r, _ in results if not r.ok and not r.interrupted] + diverged
 
-    sys.stdout.flush()
-    for r, _ in results:
-        if not r.ok and not r.interrupted:
-            print(f"\n[{r.name}] FAILED ({r.failure}); last 40 lines of {r.log_path}:", file=sys.stderr)
-            print(r.log_tail(40), file=sys.stderr)
     write_json(record, out / "ab.json")
     write_markdown(record, out / "ab.md")
     try:
@@ -257,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.flush()
     print(f"\nwrote {out / 'ab.json'}, {out / 'ab.md'}, {out / 'ab.png'}, arm logs in {out}\n")
     print(format_table(record))
+    sys.stdout.flush()
+    for line in errors:
+        print(f"titan-megamoe ab: {line}", file=sys.stderr)
     if interrupted:
         return 130
     return 0 if ok else 1

@@ -37,6 +37,11 @@ _DEVICE_RE = re.compile(r"(?P<device_type>\w+) capacity: (?P<device_name>.*?) wi
 _PEAK_RE = re.compile(r"Peak FLOPS used for computing MFU: (?P<peak>\S+)")
 _MODEL_RE = re.compile(r"Model (?P<name>\S+) (?P<flavor>\S+) size: (?P<params>[\d,]+) total parameters")
 _START_RE = re.compile(r"Training starts at step (?P<step>\d+)")
+# integrations/torchtitan/converter.py's line: which expert path and router the swapped layers run
+_SWAP_RE = re.compile(
+    r"\[mega_moe\] swapped (?P<layers>\d+) MoE layers to the fused op: precision=(?P<precision>[^,]+), "
+    r"backend=(?P<backend>[^,]+), router (?P<router>[^,]+),"
+)
 
 
 def strip_ansi(line: str) -> str:
@@ -122,6 +127,9 @@ class LogParser:
             self.info["peak_flops"] = _num(m.group("peak"))
         elif (m := _MODEL_RE.search(line)) is not None:
             self.info.update(model_name=m.group("name"), model_flavor=m.group("flavor"), model_params=int(_num(m.group("params"))))
+        elif (m := _SWAP_RE.search(line)) is not None and "mega_moe_swap" not in self.info:
+            g = m.groupdict()
+            self.info["mega_moe_swap"] = {**g, "layers": int(g["layers"]), "router": g["router"].strip()}
         elif (m := _START_RE.search(line)) is not None and self.start_time is None:
             self.start_time = parse_timestamp(line)
         return None

@@ -68,22 +68,40 @@ def _title(record: dict) -> str:
     return f"{base} vs {cand} (one backend twice: the run-to-run noise floor)"
 
 
+def on_cpu(record: dict) -> bool:
+    """Whether the arms trained on a CPU (the device the training log named, else the A/B process's)."""
+    return str((record.get("environment") or {}).get("device", "")).lower().startswith("cpu")
+
+
+CPU_TIMING_NOTE = (
+    "CPU run: step times and their ratio are not a performance result. The fused Triton kernels do not run "
+    "on a CPU (mega_moe runs the PyTorch reference backend there) and step times on a shared CPU vary from "
+    "run to run; read speed from a GPU run, against an --arms stock,stock noise floor"
+)
+
+
 def _notes(record: dict) -> list[str]:
     comp = record.get("comparison") or {}
     ld = comp.get("loss_diff") or {}
     base, cand = arm_order(record)
-    notes = []
+    notes = list(record.get("diverged") or [])
+    if comp.get("arms_differ_in"):
+        notes.append(f"arms differ in: {comp['arms_differ_in']}")
     if comp.get("speedup"):
-        notes.append(f"speedup ({base} step time / {cand} step time): {comp['speedup']:.3f}x")
+        caveat = " (CPU: not meaningful, see below)" if on_cpu(record) else ""
+        notes.append(f"speedup ({base} step time / {cand} step time): {comp['speedup']:.3f}x{caveat}")
     if ld.get("n_steps"):
         same = ", identical" if ld.get("identical") else ""
+        common = ld.get("n_common_steps", ld["n_steps"])
+        over = f"over {ld['n_steps']} steps" if common == ld["n_steps"] else (
+            f"over the {ld['n_steps']} of {common} common steps where it is finite")
         notes.append(
             f"loss |{cand} - {base}| per step: max {_fmt(ld.get('max_abs'), '{:.5f}')} "
             f"(step {ld.get('max_abs_step')}), mean {_fmt(ld.get('mean_abs'), '{:.5f}')} "
-            f"over {ld['n_steps']} steps{same} (losses as logged, 5 decimals)"
+            f"{over}{same} (losses as logged, 5 decimals)"
         )
-        if ld.get("non_finite_steps"):
-            notes.append(f"non-finite loss difference at steps {ld['non_finite_steps']}")
+    if ld.get("non_finite_steps"):
+        notes.append(f"non-finite loss difference at steps {ld['non_finite_steps']}")
     for arm in (base, cand):
         a = record["arms"].get(arm) or {}
         if a.get("settings"):
@@ -98,7 +116,16 @@ def _notes(record: dict) -> list[str]:
         notes.append(f"step time: {method}; {dropped} of all timing medians")
     for w in record.get("warnings", []):
         notes.append(f"warning: {w}")
+    if on_cpu(record):
+        notes.append(CPU_TIMING_NOTE)
     return notes
+
+
+def commit_text(env: dict) -> str:
+    git = env.get("git") or {}
+    if not git.get("commit"):
+        return "n/a (not run from a git checkout of this code)"
+    return git["commit"][:10] + (" (dirty)" if git.get("dirty") else "")
 
 
 def _device(env: dict) -> str:
@@ -112,8 +139,7 @@ def format_table(record: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     env = record["environment"]
     v = env["versions"]
-    git = env.get("git") or {}
-    commit = (git.get("commit") or "?")[:10] + (" (dirty)" if git.get("dirty") else "") if git else "n/a"
+    commit = commit_text(env)
     lines = [
         f"titan-megamoe A/B: {_title(record)}",
         f"config {record['config']}  steps {record['steps']}  warmup {record['warmup']}  nproc {record['nproc']}"
@@ -142,6 +168,7 @@ def format_markdown(record: dict) -> str:
         f"- steps: {record['steps']}, warm-up dropped for timing: {record['warmup']}, nproc: {record['nproc']}",
         f"- seed: {record['seed']}, deterministic: {record['deterministic']}",
         f"- overrides (both arms): `{' '.join(record['overrides']) or '(none)'}`",
+        f"- arms differ in: {(record.get('comparison') or {}).get('arms_differ_in', 'n/a (an arm did not run)')}",
     ]
     for arm in arm_order(record):
         a = record["arms"].get(arm)
@@ -156,6 +183,8 @@ def format_markdown(record: dict) -> str:
             f"- status: {'ok' if a.get('ok') else 'FAILED: ' + str(a.get('failure'))}, exit code {a.get('returncode')},"
             f" wall {a.get('wall_s', 0):.1f} s, log `{a.get('log')}`",
             f"- command: `{a.get('command_line')}`",
+            f"- overrides (this arm only): `{' '.join(a.get('arm_overrides') or []) or '(none)'}`",
+            "- [mega_moe]: " + ", ".join(f"{k} {v}" for k, v in (a.get("mega_moe") or {}).items()),
             f"- model: {s.get('model')}, local batch {info.get('local_batch_size', s.get('local_batch_size'))},"
             f" seq len {info.get('seq_len', s.get('seq_len'))},"
             f" tokens/step/rank {(a.get('summary') or {}).get('tokens_per_step_per_rank')}",
@@ -170,7 +199,8 @@ def format_markdown(record: dict) -> str:
         f"- date: {env['date']}, host: {env['host']}, platform: {env['platform']}, python {env['python']}",
         f"- device: {_device(env)} (from the {env['device_source']}), peak FLOPS for MFU: {env.get('peak_flops_for_mfu')}",
         "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        f"- git: {git.get('commit', 'n/a')}{' (dirty)' if git.get('dirty') else ''}",
+        f"- git: {git.get('commit') or commit_text(env)}{' (dirty)' if git.get('dirty') else ''}"
+        f"{' (' + git['how'] + ')' if git.get('how') else ''}",
         "",
         "TFLOP/s and MFU are TorchTitan's: model FLOPs per token x tps, the same FLOP count in both arms, so their"
         " ratio equals the tps ratio. TorchTitan 0.2.2 takes the A100 peak (3.12e14) for devices it does not know"
@@ -180,19 +210,19 @@ def format_markdown(record: dict) -> str:
     return "\n".join(md)
 
 
-def _finite(obj: Any) -> Any:
-    """JSON has no NaN/inf: store them as null."""
+def _visible_non_finite(obj: Any) -> Any:
+    """JSON has no NaN/inf, and null would read as "missing": store them as the strings "nan", "inf", "-inf"."""
     if isinstance(obj, float) and not math.isfinite(obj):
-        return None
+        return str(obj)
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: _visible_non_finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [_visible_non_finite(v) for v in obj]
     return obj
 
 
 def write_json(record: dict, path: Path) -> None:
-    path.write_text(json.dumps(_finite(record), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(_visible_non_finite(record), indent=2, allow_nan=False) + "\n")
 
 
 def write_markdown(record: dict, path: Path) -> None:

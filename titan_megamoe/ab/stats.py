@@ -40,6 +40,16 @@ def step_times(steps: Sequence[StepMetrics], start_time: dt.datetime | None = No
     return out
 
 
+def first_non_finite(steps: Sequence[StepMetrics]) -> dict | None:
+    """The first step whose loss or grad_norm is NaN or inf (a diverged arm), as {step, metric, value}."""
+    for s in steps:
+        for metric in ("loss", "grad_norm"):
+            value = getattr(s, metric)
+            if not math.isfinite(value):
+                return {"step": s.step, "metric": metric, "value": value}
+    return None
+
+
 def summarize_arm(
     steps: Sequence[StepMetrics],
     warmup: int,
@@ -77,6 +87,7 @@ def summarize_arm(
         "peak_memory_gib": max(memory) if memory else None,
         "peak_memory_pct": max((s.memory_pct for s in steps), default=None),
         "final_loss": steps[-1].loss if steps else None,
+        "first_non_finite": first_non_finite(steps),
         "step_time_s_per_step": {str(k): v for k, v in times.items()},
     }
 
@@ -89,18 +100,21 @@ def ratio(mega: float | None, stock: float | None) -> float | None:
 
 
 def loss_difference(stock: Sequence[StepMetrics], mega: Sequence[StepMetrics]) -> dict:
-    """|loss_mega - loss_stock| over every step both arms logged (warm-up included)."""
+    """|loss_mega - loss_stock| over every step both arms logged (warm-up included).
+
+    max and mean are over the steps where the difference is finite, and `n_steps` counts exactly those;
+    steps with a NaN/inf difference are listed in `non_finite_steps` (a diverged arm fails the A/B)."""
     a = {s.step: s.loss for s in stock}
     b = {s.step: s.loss for s in mega}
     common = sorted(set(a) & set(b))
     diffs = {k: abs(b[k] - a[k]) for k in common}
-    finite = [d for d in diffs.values() if math.isfinite(d)]
-    worst = max(diffs, key=lambda k: diffs[k] if math.isfinite(diffs[k]) else math.inf) if diffs else None
+    finite = {k: d for k, d in diffs.items() if math.isfinite(d)}
     return {
-        "n_steps": len(common),
-        "max_abs": max(finite) if finite else None,
-        "mean_abs": sum(finite) / len(finite) if finite else None,
-        "max_abs_step": worst,
+        "n_steps": len(finite),
+        "n_common_steps": len(common),
+        "max_abs": max(finite.values()) if finite else None,
+        "mean_abs": sum(finite.values()) / len(finite) if finite else None,
+        "max_abs_step": max(finite, key=finite.__getitem__) if finite else None,
         "non_finite_steps": [k for k, d in diffs.items() if not math.isfinite(d)],
         "identical": bool(common) and all(a[k] == b[k] for k in common),
         "per_step": {str(k): diffs[k] for k in common},

@@ -10,13 +10,28 @@ Besides `[mega_moe]`, the module changes one default: `model.hf_assets_path` poi
 tokenizer bundled in the installed package (TorchTitan's default, ./tests/assets/tokenizer, exists
 only inside a TorchTitan checkout). A TOML or CLI value still wins.
 
+Every `[mega_moe]` value is checked when the section is built (`MegaMoE.__post_init__`), from the TOML or
+the command line, enabled or not: TorchTitan's parser would keep `enable = "false"` as a (truthy) string
+and any `backend` string. A misspelt TOML key gets our error listing the valid keys (the hook on
+ConfigManager below) instead of TorchTitan's generic one.
+
 No `from __future__ import annotations` here: ConfigManager merges sections by checking
 `dataclasses.is_dataclass(field.type)`, which needs real types, not strings.
 """
 
-from dataclasses import dataclass, field
+import difflib
+import functools
+from dataclasses import dataclass, field, fields
 
+from ...precision import Precision
+from ...validation import BACKENDS
 from .assets import TOKENIZER_DIR
+
+CHOICES = {"precision": tuple(p.value for p in Precision), "backend": BACKENDS}  # the str keys' allowed values
+
+
+class MegaMoEConfigError(ValueError):
+    """A bad `[mega_moe]` key or value; the message names it and the fix."""
 
 
 @dataclass
@@ -36,6 +51,41 @@ class MegaMoE:
     save_under_sac: bool = False
     """Under op-level SAC: false = the fused op is recomputed in backward like stock's grouped GEMMs; true = its outputs are saved."""
 
+    def __post_init__(self):
+        for f in fields(self):
+            check_value(f.name, getattr(self, f.name))
+
+
+def _toml(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else f'"{value}"'
+
+
+def check_value(key: str, value) -> None:
+    """Raise MegaMoEConfigError unless `value` has the type (and, for strings, one of the values) of `key`."""
+    kind = {f.name: f.type for f in fields(MegaMoE)}[key]
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise MegaMoEConfigError(f"[mega_moe] {key} must be a bool, got {type(value).__name__} {value!r}; "
+                                     f"write {key} = true or {key} = false (unquoted in TOML)")
+        return
+    allowed = CHOICES[key]
+    if not isinstance(value, str) or value not in allowed:
+        shown = f"{type(value).__name__} {value!r}" if not isinstance(value, str) else repr(value)
+        raise MegaMoEConfigError(f"[mega_moe] {key} must be one of {', '.join(map(_toml, allowed))}, got {shown}; "
+                                 f"e.g. {key} = {_toml(getattr(MegaMoE, key))}")
+
+
+def check_section(table: dict) -> None:
+    """Check a `[mega_moe]` table as written in a TOML (or built from overrides): keys, then values."""
+    valid = [f.name for f in fields(MegaMoE)]
+    for key in table:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise MegaMoEConfigError(f"[mega_moe] unknown key {key!r}{hint}; valid keys: {', '.join(valid)}")
+    for key, value in table.items():
+        check_value(key, value)
+
 
 @dataclass
 class Model:
@@ -47,3 +97,29 @@ class Model:
 class JobConfig:
     mega_moe: MegaMoE = field(default_factory=MegaMoE)
     model: Model = field(default_factory=Model)
+
+
+def _install_toml_key_check() -> None:
+    """Check `[mega_moe]` tables before TorchTitan's ConfigManager turns them into MegaMoE.
+
+    ConfigManager._dict_to_dataclass rejects unknown keys with a hint about `./run_train.sh` (a TorchTitan
+    checkout script) before the dataclass is built; for our section, ours answers first. TorchTitan imports
+    this module (job.custom_config_module) before it reads the TOML's sections, so the hook is in time.
+    """
+    from torchtitan.config.manager import ConfigManager
+
+    original = ConfigManager._dict_to_dataclass
+    if getattr(original, "_titan_megamoe", False):
+        return
+
+    @functools.wraps(original)
+    def _dict_to_dataclass(self, cls, data):
+        if cls is MegaMoE and isinstance(data, dict):
+            check_section(data)
+        return original(self, cls, data)
+
+    _dict_to_dataclass._titan_megamoe = True
+    ConfigManager._dict_to_dataclass = _dict_to_dataclass
+
+
+_install_toml_key_check()

@@ -12,6 +12,11 @@ devices, or 1 without CUDA; NCCL on GPUs, gloo on CPU). Only rank 0's output is 
 another rank still ends the job and torchrun prints its traceback). Its exit status is the trainer's.
 Everything after the launcher's own options goes to TorchTitan unchanged, e.g.
 `--training.steps 20 --mega_moe.enable --metrics.log_freq 1`.
+
+Before anything starts, the `[mega_moe]` values (TOML and overrides) and `training.steps` are checked, so a
+bad value is one line, not a traceback per rank. The job's output is also written to
+`<job.dump_folder>/titan-megamoe-train.log`; when the job fails, the last line on the screen says why (the
+first error a rank raised) and where that log is.
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
+from ...ab import config as ab_config
 from .assets import CONFIGS_DIR
+from .config import MegaMoEConfigError, check_section
+from .failure import first_error
 
 CUSTOM_IMPORT = "titan_megamoe.integrations.torchtitan"
 CONFIG_MODULE = "titan_megamoe.integrations.torchtitan.config"
 ENTRY_MODULE = "titan_megamoe.integrations.torchtitan.entry"
 # keep NVLink multicast off: on shared hosts a program using it can take the GPUs out of service
 CHILD_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+LOG_NAME = "titan-megamoe-train.log"  # in job.dump_folder: the whole job's output, kept for a failure
 
 USAGE = """usage: titan-megamoe train --config X.toml [--nproc N] [TorchTitan overrides ...]
 
@@ -109,6 +118,58 @@ def build_command(config: Path, toml: dict, nproc: int, overrides: list[str]) ->
     ]
 
 
+def resolved_values(toml: dict, overrides: list[str]) -> dict | None:
+    """TOML + overrides as nested values (TorchTitan's own parse decides later), None if they do not parse."""
+    try:
+        return ab_config.apply_overrides(toml, ab_config.parse_overrides(overrides))
+    except ab_config.ConfigError:
+        return None  # an unusual override spelling: TorchTitan's parser reports it
+
+
+def check_before_launch(values: dict) -> str | None:
+    """What would fail the job (or make it train nothing) that we can tell from the values alone."""
+    section = values.get("mega_moe")
+    module = ab_config.lookup(values, "job.custom_config_module") or CONFIG_MODULE
+    if isinstance(section, dict) and module == CONFIG_MODULE:
+        try:
+            check_section(section)
+        except MegaMoEConfigError as e:
+            return str(e)
+    steps = ab_config.setting(values, "training.steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        return (f"training.steps must be a positive integer (got {steps!r}: "
+                f"{'nothing would be trained' if steps == 0 else 'the LR scheduler cannot use it'}); "
+                f"set --training.steps N with N >= 1")
+    return None
+
+
+def log_path_for(values: dict | None) -> Path:
+    dump = ab_config.setting(values or {}, "job.dump_folder") or "./outputs"
+    return Path(str(dump)).expanduser() / LOG_NAME
+
+
+def run_logged(cmd: list[str], env: dict, log_path: Path) -> int:
+    """Run the job, its output on the screen and in `log_path`; end with the cause when it fails."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", bufsize=1)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+            rc = proc.wait()
+        except KeyboardInterrupt:  # Ctrl-C reached torchrun too (same process group): let it stop the ranks
+            proc.wait()
+            return 130
+    sys.stdout.flush()
+    if rc != 0:
+        cause = first_error(log_path.read_text(errors="replace")) or "no error message found"
+        print(f"titan-megamoe train: failed (exit {rc}): {cause}  [full log: {log_path}]", file=sys.stderr)
+    return rc
+
+
 def default_nproc() -> int:
     import torch
 
@@ -153,9 +214,14 @@ def main(argv: list[str]) -> int:
         if nproc < 1:
             return _err(f"--nproc must be a positive integer, got {nproc_arg!r}")
 
+    values = resolved_values(toml, overrides)
+    problem = check_before_launch(values) if values is not None else None
+    if problem:
+        return _err(problem)
+
     cmd = build_command(config, toml, nproc, overrides)
     env = {**os.environ, **CHILD_ENV}
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
+        return run_logged(cmd, env, log_path_for(values))
+    except OSError as e:
+        return _err(f"cannot start or log the job: {e}")
