@@ -41,8 +41,6 @@ def main():
     dist.init_process_group("nccl" if cuda else "gloo")
     device = "cuda" if cuda else "cpu"
 
-    from titan_megamoe.pipeline.ep_dispatch import FusedMoEExpertParallel, moe_reference_ep
-    from titan_megamoe.precision import recipe_for
     import titan_megamoe
 
     T, D, H, E, K = a.shape
@@ -62,11 +60,7 @@ def main():
     mine.x, mine.ids, mine.scores = case.x[tok], case.ids[tok], case.scores[tok]
     mine.w1, mine.w2, mine.w3 = case.w1[exp], case.w2[exp], case.w3[exp]
     group = dist.group.WORLD
-    if a.backend == "reference":
-        fn = lambda *t: moe_reference_ep(*t, recipe_for("bf16").forward_operand, group)  # noqa: E731
-    else:
-        fn = lambda *t: FusedMoEExpertParallel.apply(*t, recipe_for("bf16"), group)  # noqa: E731
-    got = forward_backward(fn, mine, dout[tok])
+    got = forward_backward(lambda *t: titan_megamoe.moe(*t, backend=a.backend, ep_group=group), mine, dout[tok])
 
     want = {"out": whole["out"][tok], "dx": whole["dx"][tok], "dscores": whole["dscores"][tok],
             "dw1": whole["dw1"][exp], "dw2": whole["dw2"][exp], "dw3": whole["dw3"][exp]}

@@ -32,7 +32,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .oracle import moe_fp8_emulation, moe_reference
 from .precision import Recipe, check_backend_precision, recipe_for
-from .validation import check_backend, check_block_shapes, check_expert_ids, validate_moe_inputs
+from .validation import (check_backend, check_block_shapes, check_expert_ids, check_expert_parallel,
+                         validate_moe_inputs)
 
 _LIB = "titan_megamoe"
 
@@ -193,6 +194,7 @@ def moe(
     *,
     precision: str = "bf16",
     backend: str = "auto",
+    ep_group=None,
 ) -> torch.Tensor:
     """Routed SwiGLU experts with score-weighted combine: out_t = sum_k s_tk * FFN_{e_tk}(x_t).
 
@@ -205,6 +207,10 @@ def moe(
             backward): emulated on backend="reference" only (the Triton FP8 kernels are not written yet:
             NotImplementedError there), D and H multiples of 128; "mxfp8" (Blackwell only).
         backend: "triton" (fused kernels, CUDA), "reference" (pure PyTorch, any device) or "auto".
+        ep_group: a torch.distributed process group for expert parallelism (None: all experts are local).
+            Its rank r holds the weights of global experts [r*E_local, (r+1)*E_local) (E_local = the
+            weights' first dim, TorchTitan's EP layout); ids are global in [0, E_local * group size). Rows
+            travel by all-to-all (`pipeline.ep_dispatch`); eager autograd only, bf16 only.
 
     Differentiable in x, the three weights and the scores. Returns [T, D] in x's dtype.
     """
@@ -213,6 +219,9 @@ def moe(
     resolved = resolve_backend(backend, x_TD.device)
     check_backend_precision(recipe, resolved)
     check_block_shapes(x_TD.shape[1], w1_EFD.shape[1], recipe)
+    if ep_group is not None and torch.distributed.get_world_size(ep_group) > 1:
+        return _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, resolved,
+                                    ep_group)
     if resolved == "reference":
         check_expert_ids(topk_ids_TK, w1_EFD.shape[0])
         if recipe.quantized() or recipe.quantized(backward=True):
@@ -224,3 +233,14 @@ def moe(
         return moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, p, resolved)[0]
     check_expert_ids(topk_ids_TK, w1_EFD.shape[0], device_check=False)
     return _FusedMoEEager.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe)
+
+
+def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, backend, group):
+    from .pipeline.ep_dispatch import FusedMoEExpertParallel, moe_reference_ep
+
+    check_expert_parallel(recipe, group)
+    check_expert_ids(topk_ids_TK, w1_EFD.shape[0] * torch.distributed.get_world_size(group), device_check=False)
+    if backend == "reference":
+        return moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe.forward_operand,
+                                group)
+    return FusedMoEExpertParallel.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, group)

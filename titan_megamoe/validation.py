@@ -193,3 +193,15 @@ def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
         raise ValueError(f"{kernel}: split applies to dgrad_swiglu only")
     if cfg.warp_specialize and kernel not in ("gemm2", "dx"):
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) only")
+
+
+def check_expert_parallel(recipe, group) -> None:
+    """What the expert-parallel path runs today: bf16, eager autograd (the all-to-all split sizes are read on
+    the host, which a torch.compile graph cannot hold)."""
+    if recipe.precision.value != "bf16":
+        raise NotImplementedError(f"titan_megamoe.moe: precision={recipe.precision.value!r} with expert "
+                                  f"parallelism (ep_group) is not implemented yet; use precision='bf16'")
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("titan_megamoe.moe: expert parallelism (ep_group) under torch.compile is not "
+                                  "implemented yet; run the MoE layers eagerly (TorchTitan: --compile.enable off "
+                                  "or compile without the MoE layers)")
