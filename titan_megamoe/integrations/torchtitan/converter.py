@@ -51,10 +51,6 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
         _fail(f"{e} (set --mega_moe.precision bf16, or --mega_moe.backend reference for the emulation)")
 
     if parallel_dims is not None:
-        if parallel_dims.ep > 1:
-            _fail(f"expert parallelism (parallelism.expert_parallel_degree={parallel_dims.ep}) is not implemented "
-                  f"for the fused MoE yet; run mega_moe with expert_parallel_degree=1 (FSDP shards the experts), "
-                  f"or keep EP and turn the swap off (mega_moe.enable=false, the stock backend)")
         if parallel_dims.tp > 1:
             _fail(f"tensor parallelism (parallelism.tensor_parallel_degree={parallel_dims.tp}) is not supported by "
                   f"mega_moe yet (TorchTitan's expert TP style expects stock GroupedExperts' inputs); use "
@@ -143,12 +139,15 @@ class MegaMoEConverter:
         self.model_name = job_config.model.name
         self.ac_note = _ac_note(job_config.activation_checkpoint, self.backend, self.save_under_sac)
         self.router_note = _router_note(job_config, self.backend, self.fused_router)
+        ep = parallel_dims.ep if parallel_dims is not None else 1
+        # the only transport so far: torch.distributed all-to-all (titan_megamoe/pipeline/ep_dispatch.py)
+        self.ep_note = f", EP {ep} (all_to_all)" if ep > 1 else ""
 
     def convert(self, model: nn.Module) -> None:
         n = swap_moe_layers(model, self.precision, self.backend, self.fused_router)
         set_sac_policy(self.save_under_sac, self.model_name)
         logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
-                    f"backend={self.backend}, {self.router_note}, {self.ac_note}")
+                    f"backend={self.backend}, {self.router_note}, {self.ac_note}{self.ep_note}")
 
     def post_optimizer_hook(self, model) -> None:
         pass

@@ -33,6 +33,7 @@ class MegaGroupedExperts(GroupedExperts):
 
     precision: str = "bf16"
     backend: str = "auto"
+    ep_mesh = None  # set by expert_parallel.MegaAwareExpertParallel: the weights hold this rank's experts
 
     def forward(  # type: ignore[override]
         self,
@@ -44,13 +45,16 @@ class MegaGroupedExperts(GroupedExperts):
         if isinstance(w1, DTensor):
             # as stock: plain local tensors for the dynamic-shape expert computation
             w1, w2, w3 = w1.to_local(), w2.to_local(), w3.to_local()  # type: ignore[union-attr]
+        group = self.ep_mesh.get_group() if self.ep_mesh is not None else None
         return fused_moe(
-            x_TD, topk_ids_TK, topk_scores_TK, w1, w2, w3, precision=self.precision, backend=self.backend
+            x_TD, topk_ids_TK, topk_scores_TK, w1, w2, w3, precision=self.precision, backend=self.backend,
+            ep_group=group,
         )
 
     def extra_repr(self) -> str:
         E, H, D = self.w1.shape
-        return f"experts={E}, dim={D}, hidden={H}, precision={self.precision}, backend={self.backend}"
+        ep = f", ep={self.ep_mesh.size()}" if self.ep_mesh is not None else ""
+        return f"experts={E}, dim={D}, hidden={H}, precision={self.precision}, backend={self.backend}{ep}"
 
 
 class MegaMoE(MoE):

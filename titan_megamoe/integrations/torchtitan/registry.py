@@ -6,6 +6,8 @@
   file inside the package: no download, any cwd).
 - The model converter `mega_moe`, and the `[mega_moe] enable` flag: TorchTitan's converter container is
   wrapped so that the converter joins `model.converters` whenever `job_config.mega_moe.enable` is set.
+- Expert parallelism for the swapped experts (`expert_parallel.install`: stock's parameter sharding,
+  our token transport).
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ def register_converter() -> None:
 
 
 def register_all() -> None:
+    from . import expert_parallel
+
     register_flavors()
     register_dataset()
     register_converter()
+    expert_parallel.install()
