@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -46,7 +47,7 @@ CASES = {
 }
 
 
-def build_layers(T, D, H, E, K, routing, seed=0):
+def build_layers(T, D, H, E, K, routing, seed=0, backend="triton"):
     from torchtitan.models.moe.moe import MoE, MoEArgs
 
     from titan_megamoe.integrations.torchtitan.converter import swap_moe_layers
@@ -65,7 +66,7 @@ def build_layers(T, D, H, E, K, routing, seed=0):
     stock.expert_bias = stock.expert_bias.float()
     stock.tokens_per_expert = stock.tokens_per_expert.float()
     fused = copy.deepcopy(stock)
-    swap_moe_layers(fused, "bf16", "triton")
+    swap_moe_layers(fused, "bf16", backend)
     x = torch.randn(1, T, D, device=DEVICE, dtype=torch.bfloat16)
     return stock, fused, x
 
@@ -86,12 +87,20 @@ def run_fwd_bwd(layer, x, dout):
     return out, x.grad
 
 
+def local(t):
+    """This rank's part of a DTensor (expert weights and their gradients under EP); a plain tensor as is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def check_against_stock(stock, fused, x, dout):
-    """Relative L2 error of fused vs stock for the output and every gradient (both bf16)."""
+    """Relative L2 error of fused vs stock for the output and every gradient (both bf16); under EP, of
+    this rank's shard of each expert-weight gradient."""
     outs = {}
     for name, layer in (("stock", stock), ("fused", fused)):
         out, dx = run_fwd_bwd(layer, x, dout)
-        grads = {n: p.grad.float().clone() for n, p in layer.named_parameters()}
+        grads = {n: local(p.grad).float().clone() for n, p in layer.named_parameters()}
         outs[name] = {"out": out.float(), "dx": dx.float(), **grads}
     rel = {}
     for k, ref in outs["stock"].items():
@@ -101,17 +110,39 @@ def check_against_stock(stock, fused, x, dout):
     return rel
 
 
+class HostClockEvent:
+    """torch.cuda.Event's timing calls on the host clock: CPU runs (tests, gloo) have no device events."""
+
+    def __init__(self):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def timing_event():
+    return torch.cuda.Event(enable_timing=True) if DEVICE == "cuda" else HostClockEvent()
+
+
+def synchronize():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_ms(fn, warmup, iters):
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    synchronize()
     times = []
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = timing_event(), timing_event()
         start.record()
         fn()
         end.record()
-        torch.cuda.synchronize()
+        synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times), times
 
@@ -119,13 +150,13 @@ def time_ms(fn, warmup, iters):
 def time_back_to_back_ms(fn, warmup, iters):
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    synchronize()
+    events = [(timing_event(), timing_event()) for _ in range(iters)]
     for start, end in events:
         start.record()
         fn()
         end.record()
-    torch.cuda.synchronize()
+    synchronize()
     times = [start.elapsed_time(end) for start, end in events]
     return statistics.median(times), times
 
@@ -218,14 +249,15 @@ def bench_case(name, warmup, iters, with_sac, rounds=1):
     return res
 
 
-def environment():
+def environment(device_name=None):
+    """Where the run ran; device_name: what to record instead of the CUDA device's name (a CPU run)."""
     import triton
     import torchtitan
 
     from titan_megamoe.ab.environment import git_commit
 
     git = git_commit() or {}
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    return {"gpu": device_name or torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "torchtitan": getattr(torchtitan, "__version__", "?"), "commit": git.get("commit"),
             "dirty": git.get("dirty"), "commit_source": git.get("repo"),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv}
