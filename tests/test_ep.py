@@ -1,7 +1,8 @@
 """Expert parallelism with the all-to-all transport: EP ranks against the single-process op on all tokens.
 
-Each case starts one process per rank (gloo on CPU, the kernels in Triton's interpreter; tests/ep_worker.py
-does the work and the comparison). The Triton backend must give bitwise the single-GPU result (each
+Each case starts one process per rank (tests/ep_worker.py does the work and the comparison): with a GPU per
+rank, NCCL and the compiled kernels; otherwise gloo on CPU with the kernels in Triton's interpreter (also
+on a GPU host with fewer GPUs than ranks). The Triton backend must give bitwise the single-GPU result (each
 expert sees its rows in the same order); the reference backend agrees to fp32 rounding.
 """
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,9 +26,13 @@ def _free_port() -> int:
 def _run_ranks(ep: int, *args: str) -> list[str]:
     port = _free_port()
     procs = []
+    gpus = torch.cuda.device_count()
     for rank in range(ep):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ep), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0",
+                   TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+        if gpus < ep:
+            env["TRITON_INTERPRET"] = "1"
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ep_worker.py"), *args], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []

@@ -14,7 +14,7 @@ from titan_megamoe.integrations.torchtitan.failure import first_error
 from torchtitan.config import ConfigManager
 
 HEADER = '[job]\ncustom_config_module = "titan_megamoe.integrations.torchtitan.config"\n[mega_moe]\n'
-VALID_KEYS = "enable, precision, backend, fused_router, save_under_sac"
+VALID_KEYS = "enable, precision, backend, fused_router, save_under_sac, ep_transport"
 
 BAD_TABLES = [  # (TOML lines under [mega_moe], words the error must contain)
     ('enable = "false"', ["enable", "bool", "'false'", "enable = false"]),  # a truthy string: was ON

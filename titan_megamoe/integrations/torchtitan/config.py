@@ -27,7 +27,9 @@ from ...precision import Precision
 from ...validation import BACKENDS
 from .assets import TOKENIZER_DIR
 
-CHOICES = {"precision": tuple(p.value for p in Precision), "backend": BACKENDS}  # the str keys' allowed values
+EP_TRANSPORTS = ("auto", "all_to_all", "symm_mem")
+# the str keys' allowed values
+CHOICES = {"precision": tuple(p.value for p in Precision), "backend": BACKENDS, "ep_transport": EP_TRANSPORTS}
 
 
 class MegaMoEConfigError(ValueError):
@@ -40,7 +42,7 @@ class MegaMoE:
     """Run every MoE layer's routed experts through titan-megamoe's fused op (same parameters, FQNs and checkpoints as stock)."""
 
     precision: str = "bf16"
-    """bf16 | fp8 | fp8_bwd | mxfp8. Implemented: bf16. fp8 (block FP8) and fp8_bwd (FP8 backward only): not yet. mxfp8: Blackwell only."""
+    """bf16 | fp8 | fp8_bwd | mxfp8. bf16 on both backends. fp8 (block FP8) and fp8_bwd (FP8 backward only): the pure-PyTorch emulation with backend = "reference" only (no Triton FP8 kernels yet). mxfp8: Blackwell only."""
 
     backend: str = "auto"
     """auto | triton | reference. auto: the fused Triton kernels on CUDA, the pure-PyTorch reference (stock's rounding) elsewhere."""
@@ -50,6 +52,9 @@ class MegaMoE:
 
     save_under_sac: bool = False
     """Under op-level SAC: false = the fused op is recomputed in backward like stock's grouped GEMMs; true = its outputs are saved."""
+
+    ep_transport: str = "auto"
+    """With parallelism.expert_parallel_degree > 1: how token rows move between EP ranks. all_to_all = torch.distributed all-to-all (NCCL, gloo on CPU); symm_mem = Triton kernels on torch symmetric memory (not implemented yet); auto = all_to_all today."""
 
     def __post_init__(self):
         for f in fields(self):

@@ -55,11 +55,24 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
             _fail(f"tensor parallelism (parallelism.tensor_parallel_degree={parallel_dims.tp}) is not supported by "
                   f"mega_moe yet (TorchTitan's expert TP style expects stock GroupedExperts' inputs); use "
                   f"tensor_parallel_degree=1 or mega_moe.enable=false")
+        if parallel_dims.ep > 1:
+            resolve_ep_transport(cfg.ep_transport)
+            if recipe.precision.value != "bf16":
+                _fail(f"precision={cfg.precision!r} with expert parallelism (expert_parallel_degree="
+                      f"{parallel_dims.ep}) is not implemented yet; set --mega_moe.precision bf16")
     quantized_experts = [c for c in job_config.model.converters if c.startswith("quantize.grouped_mm")]
     if quantized_experts:
         _fail(f"model.converters {quantized_experts} quantize the same expert GEMMs that mega_moe replaces; "
               f"drop them and pick the expert precision with --mega_moe.precision instead")
     return cfg.precision, backend
+
+
+def resolve_ep_transport(value: str) -> str:
+    """The transport `[mega_moe] ep_transport` names: all_to_all (torch.distributed; `auto` picks it today)."""
+    if value == "symm_mem":
+        _fail("ep_transport='symm_mem' (Triton kernels on torch symmetric memory) is not implemented yet; "
+              "set --mega_moe.ep_transport all_to_all (or auto)")
+    return "all_to_all"
 
 
 def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
@@ -140,8 +153,7 @@ class MegaMoEConverter:
         self.ac_note = _ac_note(job_config.activation_checkpoint, self.backend, self.save_under_sac)
         self.router_note = _router_note(job_config, self.backend, self.fused_router)
         ep = parallel_dims.ep if parallel_dims is not None else 1
-        # the only transport so far: torch.distributed all-to-all (titan_megamoe/pipeline/ep_dispatch.py)
-        self.ep_note = f", EP {ep} (all_to_all)" if ep > 1 else ""
+        self.ep_note = f", EP {ep} ({resolve_ep_transport(job_config.mega_moe.ep_transport)})" if ep > 1 else ""
 
     def convert(self, model: nn.Module) -> None:
         n = swap_moe_layers(model, self.precision, self.backend, self.fused_router)
