@@ -154,6 +154,10 @@ class MegaMoEConverter:
         self.router_note = _router_note(job_config, self.backend, self.fused_router)
         ep = parallel_dims.ep if parallel_dims is not None else 1
         self.ep_note = f", EP {ep} ({resolve_ep_transport(job_config.mega_moe.ep_transport)})" if ep > 1 else ""
+        ac = job_config.activation_checkpoint
+        if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op":
+            # the EP path is an autograd.Function, not the custom op SAC's policy can name: always recomputed
+            self.ac_note = "AC selective op (EP: the fused op and its all-to-alls are recomputed)"
 
     def convert(self, model: nn.Module) -> None:
         n = swap_moe_layers(model, self.precision, self.backend, self.fused_router)
