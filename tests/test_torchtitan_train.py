@@ -192,6 +192,19 @@ def test_expert_parallel_checkpoint_round_trip_stock_mega_stock(stock_ep2, tmp_p
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             diff = (b[k].double() - v.double()).norm() / v.double().norm().clamp_min(1e-30)
             assert diff <= (2.0**-7 if k.endswith("exp_avg_sq") else 2.0**-8), (k, diff.item())
+
+
+def test_expert_parallel_four_gloo_ranks_with_fsdp(tmp_path):
+    """EP 2 inside FSDP 4 (dp_shard=4, ep=2, efsdp=2): TorchTitan then fully_shards `moe.experts` by itself,
+    and FSDP2's mixed precision casts that module's floating-point forward inputs to bf16. Stock's experts
+    module gets only the routed x (the scores are applied outside it, in fp32); mega_moe's gets the top-k
+    scores too, which must reach the op in fp32 (seen before the fix: scores rounded to bf16, step 4
+    6.72971 against stock EP's 6.73376, 6e-4 relative)."""
+    stock = train(tmp_path / "stock", *EP2, "--training.steps", "4", nproc=4)
+    assert sorted(stock.steps) == [1, 2, 3, 4] and "ep=2" in stock.log, stock.log[-3000:]
+    mega = train(tmp_path / "mega", *EP2, "--training.steps", "4", "--mega_moe.enable", nproc=4)
+    assert "EP 2 (all_to_all)" in (swap_line(mega.log) or ""), mega.log[-3000:]
+    assert_steps_close(mega, stock)
         else:
             assert (torch.equal(v, b[k]) if isinstance(v, torch.Tensor) else v == b[k]), k
 
