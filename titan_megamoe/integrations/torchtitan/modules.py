@@ -28,6 +28,21 @@ from ...kernels.router_topk import MAX_EXPERTS as FUSED_ROUTER_MAX_EXPERTS
 from ...router import topk_route
 
 
+class Fp32Scores:
+    """The top-k scores on their way into `MegaGroupedExperts`, past FSDP2's mixed-precision input cast.
+
+    Under EP TorchTitan `fully_shard`s `moe.experts` by itself, and FSDP2 (`cast_forward_inputs`) casts
+    every floating-point tensor among a sharded module's forward arguments to `param_dtype` (bf16).
+    Stock's experts module is never given the scores (it applies them outside, in fp32); ours is, and a
+    bare tensor would reach the op rounded to bf16, with its gradient rounded to bf16 too. FSDP does not
+    look inside this holder; the tensor stays in the autograd graph."""
+
+    __slots__ = ("scores",)
+
+    def __init__(self, scores: torch.Tensor):
+        self.scores = scores
+
+
 class MegaGroupedExperts(GroupedExperts):
     """GroupedExperts whose forward takes unsorted routed tokens and returns the combined output."""
 
@@ -39,8 +54,10 @@ class MegaGroupedExperts(GroupedExperts):
         self,
         x_TD: torch.Tensor,
         topk_ids_TK: torch.Tensor,
-        topk_scores_TK: torch.Tensor,
+        topk_scores_TK: torch.Tensor | Fp32Scores,
     ) -> torch.Tensor:
+        if isinstance(topk_scores_TK, Fp32Scores):
+            topk_scores_TK = topk_scores_TK.scores
         w1, w2, w3 = self.w1, self.w2, self.w3
         if isinstance(w1, DTensor):
             # as stock: plain local tensors for the dynamic-shape expert computation
@@ -81,7 +98,7 @@ class MegaMoE(MoE):
         else:
             top_scores_TK, topk_ids_TK, num_tokens_per_expert = self.router(x_TD, self.expert_bias)
 
-        out_TD = self.experts(x_TD, topk_ids_TK, top_scores_TK)
+        out_TD = self.experts(x_TD, topk_ids_TK, Fp32Scores(top_scores_TK))
 
         # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them); counted
         # and updated after the experts are launched so that neither launch is on the GPU's critical path
