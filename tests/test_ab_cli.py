@@ -285,6 +285,19 @@ def test_real_ab_tiny(tmp_path):
 
 @pytest.mark.slow
 @needs_trainer
+def test_real_ab_with_expert_parallelism(tmp_path):
+    """The issue's command: an EP 2 A/B on 2 gloo ranks succeeds and the arms agree (seen: identical losses)."""
+    out = tmp_path / "ab"
+    proc = run_ab("--steps", "4", "--warmup", "1", "--nproc", "2", "--out", str(out), "--",
+                  "--parallelism.expert_parallel_degree", "2", timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = check_outputs(out, 4)
+    diff = record["comparison"]["loss_diff"]
+    assert diff["n_common_steps"] == 4 and diff["max_abs"] <= 1e-4, diff
+
+
+@pytest.mark.slow
+@needs_trainer
 def test_real_ab_mega_arm_fails(tmp_path):
     out = tmp_path / "ab"
     proc = run_ab("--steps", "1", "--warmup", "0", "--nproc", "1", "--out", str(out), "--", "--mega_moe.precision", "fp8")
