@@ -117,8 +117,3 @@ def check_backend_precision(recipe: Recipe, backend: str) -> None:
             f"do not exist yet); the Triton kernels run {', '.join(repr(p.value) for p in TRITON_PRECISIONS)}, "
             f"and backend='reference' runs the FP8 emulation (pure PyTorch, slow: an oracle)"
         )
-
-
-def check_precision_supported(precision: "str | Precision", device: torch.device | None = None) -> Precision:
-    """Raise a clear error for a precision that cannot run here; return the parsed enum."""
-    return recipe_for(precision, device).precision

@@ -64,9 +64,14 @@ def route(topk_ids_TK: torch.Tensor, num_local_experts: int, group: dist.Process
     return Route(group, num_local_experts, rank * num_local_experts, send_order_N, splits[0], splits[1])
 
 
+def splits(r: Route, back: bool = False) -> tuple[list[int], list[int]]:
+    """(rows sent to, rows received from) each rank: out to the experts' owners, or `back` to the sources."""
+    return (r.recv_splits, r.send_splits) if back else (r.send_splits, r.recv_splits)
+
+
 def exchange(rows: torch.Tensor, r: Route, back: bool = False) -> torch.Tensor:
     """All-to-all of rows in send order (to their owners), or, `back`, of received rows (to their sources)."""
-    send, recv = (r.recv_splits, r.send_splits) if back else (r.send_splits, r.recv_splits)
+    send, recv = splits(r, back)
     out = rows.new_empty((sum(recv), *rows.shape[1:]))
     dist.all_to_all_single(out, rows.contiguous(), recv, send, group=r.group)
     return out
@@ -134,7 +139,7 @@ def moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, 
     r = route(topk_ids_TK, E_local, group)
 
     def send(rows, back=False):
-        s, rv = (r.recv_splits, r.send_splits) if back else (r.send_splits, r.recv_splits)
+        s, rv = splits(r, back)
         return all_to_all_single_autograd(rows.contiguous(), rv, s, group)
 
     recv_x = send(x_TD[r.send_order_N // K])
