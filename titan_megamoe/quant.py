@@ -15,7 +15,8 @@ Blocks (rows, cols) of a 2-D operand, or of each expert's matrix of a 3-D weight
   expert's rows does), so `quantize_token_blocks` takes one segment and any row count.
 
 Scale of a block: the smallest power of two s with amax / s <= 448, i.e. s = 2^ceil(log2(amax / 448)),
-and data = cast_e4m3(clamp(x / s, -448, 448)). Why powers of two:
+but never below 2^-126 (fp32's smallest normal, so that s and 1/s are normal numbers the kernels build
+from exponent bits; only an amax under 448 * 2^-126 ~ 5e-36 meets that floor), and data = cast_e4m3(clamp(x / s, -448, 448)). Why powers of two:
 - x / s and data * s are exact in fp32 (an exponent shift), so the only rounding is the e4m3 cast itself
   and dequantization is exact; the product of two scales (what a block-scaled GEMM multiplies its
   fp32 partial sums by) is exact too, so the kernels may apply scales in any order and still match;
@@ -50,11 +51,13 @@ TOKEN_BLOCK = (FP8_ACTIVATION_BLOCK[1], FP8_ACTIVATION_BLOCK[0])  # (128, 1): al
 
 
 def power_of_two_scale(amax: torch.Tensor) -> torch.Tensor:
-    """The smallest power of two s with amax / s <= 448 (fp32); 1 where amax is 0."""
+    """The smallest power of two s >= 2^-126 with amax / s <= 448 (fp32); 1 where amax is 0."""
     amax = amax.float()
     mantissa, exponent = torch.frexp(amax / E4M3_MAX)  # ratio = mantissa * 2^exponent, mantissa in [0.5, 1)
     # ceil(log2(ratio)) without log2's rounding: exponent, less one when the ratio is a power of two
-    scale = torch.ldexp(torch.ones_like(amax), exponent - (mantissa == 0.5).to(exponent.dtype))
+    exponent = (exponent - (mantissa == 0.5).to(exponent.dtype)).clamp_min(-126)
+    exponent = torch.where(mantissa == 0, -126, exponent)  # amax / 448 underflowed to 0 (amax < 2^-140)
+    scale = torch.ldexp(torch.ones_like(amax), exponent)
     # amax / 448 itself rounds: where that rounding went down, amax / s (exact) can exceed 448 by an ulp
     scale = torch.where(amax / scale > E4M3_MAX, scale * 2, scale)
     return torch.where(amax > 0, scale, torch.ones_like(scale))
@@ -115,3 +118,27 @@ def quantize_weight(w_ERC: torch.Tensor) -> BlockScaled:
 def quantize_token_blocks(x_nC: torch.Tensor) -> BlockScaled:
     """One expert's segment of a weight-gradient operand (n rows, any n): 128x1 blocks from its first row."""
     return quantize(x_nC, TOKEN_BLOCK, partial_rows=True)
+
+
+def quantize_token_tiles(rows_NC: torch.Tensor, plan) -> BlockScaled:
+    """The weight-gradient operand layout: expert-sorted rows [N, C] (a `RoutingPlan`'s order) stored
+    transposed and tile-padded, [C, P] with P = plan.layout.num_tiles * 128, in 1x128 blocks along P.
+
+    Tile t of the plan (block_m = 128 sorted rows of one expert, restarting at each expert's first row)
+    owns columns [128 t, 128 t + 128); its columns past the expert's last row, and every column of a
+    tile past the real count, are zeros. Each block is then one token block of `quantize_token_blocks`
+    (same elements, same amax), so the values equal that function's per expert segment, transposed; a
+    weight-gradient kernel reduces over expert e's tiles, K-major for the FP8 MMA. Scale [C, P / 128]."""
+    bm = plan.layout.block_m
+    if bm != TOKEN_BLOCK[0]:
+        raise ValueError(f"quantize_token_tiles: the plan's tiles must be {TOKEN_BLOCK[0]} rows, got {bm}")
+    num_tiles = plan.layout.num_tiles
+    expert_T = plan.tile_expert.long()
+    row0_T = plan.tile_row.long()
+    end_T = plan.offsets_E1.long()[expert_T.clamp_min(0) + 1]
+    rows_TB = row0_T[:, None] + torch.arange(bm, device=rows_NC.device)
+    ok_TB = (expert_T[:, None] >= 0) & (rows_TB < end_T[:, None])
+    padded = rows_NC.float()[rows_TB.clamp(0, max(rows_NC.shape[0] - 1, 0)).reshape(-1)] if num_tiles else \
+        rows_NC.new_zeros((0, rows_NC.shape[1]), dtype=torch.float32)
+    padded = torch.where(ok_TB.reshape(-1, 1), padded, 0.0)
+    return quantize(padded.T.contiguous(), ACTIVATION_BLOCK)

@@ -5,7 +5,10 @@ is defined (TRITON_INTERPRET=1 at import), so it is read once here from a jitted
 environment at call time (a test that sets the variable later cannot switch the tile configs under a
 compiled kernel). As a constexpr it works around two numerics gaps of Triton 3.6's interpreter so that
 CPU tests check the same math the GPU runs: it multiplies bf16 tiles as their uint16 bit patterns, and
-it truncates fp32 -> bf16 instead of rounding to nearest even.
+it truncates fp32 -> bf16 (and fp32 -> e4m3) instead of rounding to nearest even.
+
+Block FP8 (`e4m3_scale`, `to_e4m3`) follows `titan_megamoe.quant` bit for bit: power-of-two scales
+from the block's amax, a saturating round-to-nearest-even cast.
 """
 
 import os
@@ -33,7 +36,52 @@ def cast_rne(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
             bits = x.to(tl.uint32, bitcast=True)
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             x = bits.to(tl.float32, bitcast=True)
+        elif dtype == tl.float8e4nv:
+            x = _rne_e4m3_interpreted(x)
     return x.to(dtype)
+
+
+@triton.jit
+def _rne_e4m3_interpreted(x):
+    """x (within +-448) rounded to the nearest e4m3 value, ties to even, still in fp32: normals keep 3
+    mantissa bits; below e4m3's smallest normal 2^-6 values round to multiples of 2^-9, which adding and
+    subtracting 1.5 * 2^14 does (fp32's spacing there is 2^-9)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+    normal = bits.to(tl.float32, bitcast=True)
+    subnormal = (x + 24576.0) - 24576.0
+    return tl.where(tl.abs(x) < 0.015625, subnormal, normal)
+
+
+E4M3_MAX: tl.constexpr = 448.0
+
+
+@triton.jit
+def e4m3_scale(amax):
+    """(scale, 1 / scale) of blocks with this amax (fp32, >= 0): the smallest power of two s >= 2^-126
+    with amax / s <= 448, 1 where amax is 0 (`quant.power_of_two_scale`). Built from the exponent bits,
+    so both are exact."""
+    ratio = tl.math.div_rn(amax, E4M3_MAX)
+    bits = ratio.to(tl.uint32, bitcast=True)
+    # ceil(log2(ratio)): the exponent, plus one unless the ratio is a power of two
+    k = ((bits >> 23) & 0xFF).to(tl.int32) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    k = tl.maximum(k, -126)
+    scale = ((k + 127).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+    inv = ((127 - k).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+    # ratio itself rounded: where it rounded down, amax / s (exact) can exceed 448 by an ulp
+    over = amax * inv > E4M3_MAX
+    scale = tl.where(over, scale * 2.0, scale)
+    inv = tl.where(over, inv * 0.5, inv)
+    scale = tl.where(amax > 0, scale, 1.0)
+    inv = tl.where(amax > 0, inv, 1.0)
+    return scale, inv
+
+
+@triton.jit
+def to_e4m3(x, inv_scale, INTERPRET: tl.constexpr):
+    """x * inv_scale (exact: a power of two) as e4m3, saturating at +-448 (e4m3fn has no inf)."""
+    v = tl.minimum(tl.maximum(x * inv_scale, -E4M3_MAX), E4M3_MAX)
+    return cast_rne(v, tl.float8e4nv, INTERPRET)
 
 
 INTERPRET = isinstance(mma, InterpretedFunction)

@@ -64,8 +64,29 @@ _GPU_DEFAULTS = {
     "wgrad_w2": TileConfig(128, 128, 64, 8, 5),
     "wgrad_w13": TileConfig(128, 128, 64, 8, 5),
 }
-# the interpreter runs on CPU: small tiles keep the tests fast
+# block FP8 (untuned first choices): every reduction step is one 128-wide scale block (BLOCK_K = 128);
+# a row-tiled kernel's BLOCK_M rows are one token block of the weight-gradient operands; GEMM1's BLOCK_N
+# and dgrad's two accumulators (2 x 64) cover one 128-wide scale block of h / dg / du per row
+FP8_BLOCK = 128
+_GPU_DEFAULTS_FP8 = {
+    "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, FP8_BLOCK, 8, 3, tma=True),
+    "gemm2": TileConfig(ROW_BLOCK_M, 256, FP8_BLOCK, 8, 3, tma=True),
+    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 64, FP8_BLOCK, 8, 3, tma=True),
+    "dx": TileConfig(ROW_BLOCK_M, 256, FP8_BLOCK, 8, 3, tma=True),
+    "wgrad_w2": TileConfig(128, 128, FP8_BLOCK, 8, 4, tma=True),
+    "wgrad_w13": TileConfig(128, 128, FP8_BLOCK, 8, 4, tma=True),
+}
+# the interpreter runs on CPU: small tiles keep the tests fast (FP8: the blocks above fix BLOCK_K, and
+# BLOCK_M of the row kernels, at 128)
 _INTERPRETER = TileConfig(16, 32, 32, 4, 1)
+_INTERPRETER_FP8 = {
+    "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, FP8_BLOCK, 4, 1),
+    "gemm2": TileConfig(ROW_BLOCK_M, 64, FP8_BLOCK, 4, 1),
+    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 64, FP8_BLOCK, 4, 1),
+    "dx": TileConfig(ROW_BLOCK_M, 64, FP8_BLOCK, 4, 1),
+    "wgrad_w2": TileConfig(32, 32, FP8_BLOCK, 4, 1),
+    "wgrad_w13": TileConfig(32, 32, FP8_BLOCK, 4, 1),
+}
 TABLE_PATH = Path(__file__).with_name("tuned_configs.json")
 _overrides: dict[str, TileConfig] = {}
 
@@ -75,8 +96,10 @@ def interpreting() -> bool:
     return INTERPRET
 
 
-def row_block_m() -> int:
-    return _INTERPRETER.block_m if interpreting() else ROW_BLOCK_M
+def row_block_m(fp8: bool = False) -> int:
+    """BLOCK_M of the routing plan's tiles. Block FP8 needs 128 everywhere: a tile is then one token
+    block of the weight-gradient operands (quant.quantize_token_tiles)."""
+    return _INTERPRETER.block_m if interpreting() and not fp8 else ROW_BLOCK_M
 
 
 @functools.lru_cache(maxsize=1)
@@ -87,18 +110,21 @@ def _tuned_table() -> dict:
 
 
 def tile_config(kernel: str, dim: int, hidden: int, precision: str = "bf16") -> TileConfig:
+    """The config of one kernel at one shape; `precision` is the precision that kernel's operands run
+    in ("bf16" or "fp8": under fp8_bwd the forward kernels ask for "bf16", the backward ones "fp8")."""
     if kernel in _overrides:
         return _overrides[kernel]
     if interpreting():
-        return _INTERPRETER
+        return _INTERPRETER_FP8[kernel] if precision == "fp8" else _INTERPRETER
     return _table_config(kernel, dim, hidden, precision)
 
 
 @functools.lru_cache(maxsize=None)
 def _table_config(kernel: str, dim: int, hidden: int, precision: str) -> TileConfig:
     tuned = _tuned_table().get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
-    cfg = TileConfig.from_record(tuned) if tuned else _GPU_DEFAULTS[kernel]
-    if kernel in ROW_KERNELS:
+    defaults = _GPU_DEFAULTS_FP8 if precision == "fp8" else _GPU_DEFAULTS
+    cfg = TileConfig.from_record(tuned) if tuned else defaults[kernel]
+    if kernel in ROW_KERNELS and precision != "fp8":
         # narrow problems (small D or H) must not ask for tiles wider than the matrix
         n_extent = hidden if kernel in ("gemm1_swiglu", "dgrad_swiglu") else dim
         while cfg.block_n > 64 and cfg.block_n >= 2 * n_extent:
