@@ -18,9 +18,9 @@ Both paths save the same tensors and run the same backward (`_save`, `_gradients
 The reference backend is plain differentiable PyTorch (autograd records it like stock's MoE), not
 a custom op: a custom op's implementation runs below autograd, and the reference is most useful as an
 oracle when its gradients come from autograd itself. For the block-FP8 precisions (`fp8`, `fp8_bwd`) it
-runs `oracle.moe_fp8_emulation` (an autograd.Function with the kernels' quantization points); the Triton
-backend has no FP8 kernels yet and stops with a NotImplementedError (`precision.check_backend_precision`),
-in `moe()` and in the custom ops alike, rather than run another precision.
+runs `oracle.moe_fp8_emulation` (an autograd.Function with the kernels' quantization points), the oracle
+of the Triton backend's FP8 kernels. A precision a backend cannot run stops with an error
+(`precision.check_backend_precision`), in `moe()` and in the custom ops alike, never another precision.
 """
 
 from __future__ import annotations

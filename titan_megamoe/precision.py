@@ -5,9 +5,9 @@ operand dtype of the forward and backward GEMMs, the dtype of the saved residual
 the block shapes of the scales. Block-scaled operands travel as `BlockScaled` (data, scale, block), so
 kernels and launchers never take loose scale arguments.
 
-Block FP8 (`fp8`, `fp8_bwd`) has a recipe, but only the pure-PyTorch emulation runs it so far
-(`oracle.moe_fp8_emulation`, the `reference` backend); `check_backend_precision` stops the Triton
-backend with a clear error until its FP8 kernels exist. The scale policy itself is in `quant.py`.
+Block FP8 (`fp8`, `fp8_bwd`) runs on the Triton kernels (e4m3 operands, per-128 K-block scales applied
+in fp32) and, as their oracle, on the pure-PyTorch emulation (`oracle.moe_fp8_emulation`, the
+`reference` backend). The scale policy itself is in `quant.py`.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ RECIPES = {
                               FP8_WEIGHT_BLOCK),
 }
 
-# what the Triton kernels implement; the other recipes run on backend='reference' only
-TRITON_PRECISIONS = (Precision.BF16,)
+# what the Triton kernels implement (mxfp8 has no recipe: recipe_for stops it first)
+TRITON_PRECISIONS = (Precision.BF16, Precision.FP8, Precision.FP8_BWD)
 
 
 def recipe_for(precision: "str | Precision", device: torch.device | None = None) -> Recipe:
@@ -113,7 +113,6 @@ def check_backend_precision(recipe: Recipe, backend: str) -> None:
     """A recipe the resolved backend cannot run stops here (NotImplementedError), never falls back."""
     if backend == "triton" and recipe.precision not in TRITON_PRECISIONS:
         raise NotImplementedError(
-            f"precision={recipe.precision.value!r} is not implemented yet on backend='triton' (its FP8 kernels "
-            f"do not exist yet); the Triton kernels run {', '.join(repr(p.value) for p in TRITON_PRECISIONS)}, "
-            f"and backend='reference' runs the FP8 emulation (pure PyTorch, slow: an oracle)"
+            f"precision={recipe.precision.value!r} is not implemented on backend='triton'; the Triton kernels "
+            f"run {', '.join(repr(p.value) for p in TRITON_PRECISIONS)}"
         )

@@ -31,7 +31,7 @@ def mma(a, b, acc, INTERPRET: tl.constexpr):
 @triton.jit
 def cast_rne(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
     """fp32 -> dtype with round-to-nearest-even (what the GPU's cvt does)."""
-    if INTERPRET:
+    if INTERPRET and x.dtype == tl.float32:  # (a tile already in dtype passes through)
         if dtype == tl.bfloat16:
             bits = x.to(tl.uint32, bitcast=True)
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000

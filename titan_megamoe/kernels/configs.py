@@ -71,7 +71,7 @@ FP8_BLOCK = 128
 _GPU_DEFAULTS_FP8 = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, FP8_BLOCK, 8, 3, tma=True),
     "gemm2": TileConfig(ROW_BLOCK_M, 256, FP8_BLOCK, 8, 3, tma=True),
-    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 64, FP8_BLOCK, 8, 3, tma=True),
+    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 64, FP8_BLOCK, 8, 3),
     "dx": TileConfig(ROW_BLOCK_M, 256, FP8_BLOCK, 8, 3, tma=True),
     "wgrad_w2": TileConfig(128, 128, FP8_BLOCK, 8, 4, tma=True),
     "wgrad_w13": TileConfig(128, 128, FP8_BLOCK, 8, 4, tma=True),

@@ -6,7 +6,7 @@ All math in fp32; stores round to the output's dtype (round-to-nearest-even, `ca
 import triton
 import triton.language as tl
 
-from .common import cast_rne
+from .common import cast_rne, e4m3_scale, to_e4m3
 
 
 @triton.jit
@@ -31,10 +31,8 @@ def scatter_routed(ptr, val, order_ptr, rows, row_ok, offs_n, n_ok, width, INTER
 
 
 @triton.jit
-def dswiglu(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET: tl.constexpr):
-    """Backward through the score and SwiGLU for one [BLOCK_M, BLOCK_N] block of q = dout W2_e (the
-    gradient of h before the score s): writes dg, du and s*h (dW2's right operand) at sorted rows and
-    returns this block's share of ds = <q, h>. h = silu(g) * u is recomputed from the saved g, u."""
+def _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s):
+    """(dg, du, s*h, this block's share of ds = <q, h>) in fp32 for one [BLOCK_M, BLOCK_N] block of q."""
     n_ok = offs_n < H
     tile_off = rows.to(tl.int64)[:, None] * H + offs_n[None, :]
     tile_ok = row_ok[:, None] & n_ok[None, :]
@@ -43,12 +41,62 @@ def dswiglu(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr,
     sig = tl.sigmoid(g)
     silu = g * sig
     h = silu * u
-    ds_part = tl.sum(q * h, axis=1)
+    dh = q * s[:, None]
+    dg = dh * u * (sig + silu * (1.0 - sig))
+    return dg, dh * silu, h * s[:, None], tl.sum(q * h, axis=1)
+
+
+@triton.jit
+def dswiglu(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr, INTERPRET: tl.constexpr):
+    """Backward through the score and SwiGLU for one [BLOCK_M, BLOCK_N] block of q = dout W2_e (the
+    gradient of h before the score s): writes dg, du and s*h (dW2's right operand) at sorted rows and
+    returns this block's share of ds = <q, h>. h = silu(g) * u is recomputed from the saved g, u."""
     # s*h is dW2's right operand (dW2_e = sum_p dout_t^T s_p h_p): written here, where h is already in
     # registers, so the weight-gradient GEMM needs no per-row scaling in its main loop
-    tl.store(hs_ptr + tile_off, cast_rne(h * s[:, None], hs_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
-    dh = q * s[:, None]
-    tl.store(du_ptr + tile_off, cast_rne(dh * silu, du_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
-    dg = dh * u * (sig + silu * (1.0 - sig))
-    tl.store(dg_ptr + tile_off, cast_rne(dg, dg_ptr.dtype.element_ty, INTERPRET), mask=tile_ok)
+    dg, du, hs, ds_part = _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s)
+    n_ok = offs_n < H
+    store_sorted(hs_ptr, hs, rows, row_ok, offs_n, n_ok, H, INTERPRET)
+    store_sorted(du_ptr, du, rows, row_ok, offs_n, n_ok, H, INTERPRET)
+    store_sorted(dg_ptr, dg, rows, row_ok, offs_n, n_ok, H, INTERPRET)
     return ds_part
+
+
+@triton.jit
+def store_token_tile(data_ptr, scale_ptr, val, tile, offs_n, n_ok, P, BLOCK_M: tl.constexpr, INTERPRET: tl.constexpr):
+    """Quantize a [BLOCK_M = 128, BLOCK_N] tile of one plan tile's rows into the weight gradients'
+    token-tile layout (`quant.quantize_token_tiles`): data [C, P] e4m3 at columns 128*tile + row, one
+    scale per column of the tile, at [c, tile] of a [C, P / 128] scale. Rows past the expert's end must
+    hold zeros (they are padding of the layout)."""
+    scale, inv = e4m3_scale(tl.max(tl.abs(val), axis=0))
+    data = tl.trans(to_e4m3(val, inv[None, :], INTERPRET))  # [BLOCK_N, BLOCK_M]: stores along tokens
+    cols = tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(data_ptr + offs_n.to(tl.int64)[:, None] * P + cols[None, :], data, mask=n_ok[:, None])
+    tl.store(scale_ptr + offs_n.to(tl.int64) * (P // BLOCK_M) + tile, scale, mask=n_ok)
+
+
+@triton.jit
+def dswiglu_fp8(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, tile, P, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr,
+                hst_ptr, hst_s_ptr, BLOCK_M: tl.constexpr, INTERPRET: tl.constexpr):
+    """`dswiglu` for block FP8: dg, du and s*h are rounded to bf16 (what the bf16 path stores, and what
+    the emulation quantizes) and written in the token-tile layout of the weight-gradient GEMMs; dg and
+    du are returned (bf16 values in fp32) for the caller's 1x128 row quantization (dx's operands), with
+    this block's share of ds."""
+    dg, du, hs, ds_part = _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s)
+    dg = cast_rne(dg, tl.bfloat16, INTERPRET).to(tl.float32)
+    du = cast_rne(du, tl.bfloat16, INTERPRET).to(tl.float32)
+    hs = cast_rne(hs, tl.bfloat16, INTERPRET).to(tl.float32)
+    n_ok = offs_n < H
+    store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK_M, INTERPRET)
+    store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK_M, INTERPRET)
+    store_token_tile(dut_ptr, dut_s_ptr, du, tile, offs_n, n_ok, P, BLOCK_M, INTERPRET)
+    return dg, du, ds_part
+
+
+@triton.jit
+def store_rows_fp8(data_ptr, scale_ptr, v0, v1, rows, row_ok, offs_n0, offs_n1, H, block, INTERPRET: tl.constexpr):
+    """Quantize two column halves [BLOCK_M, 64] of one 128-wide block of rows (1x128 scales, [N, H/128])."""
+    amax = tl.maximum(tl.max(tl.abs(v0), axis=1), tl.max(tl.abs(v1), axis=1))
+    scale, inv = e4m3_scale(amax)
+    store_sorted(data_ptr, to_e4m3(v0, inv[:, None], INTERPRET), rows, row_ok, offs_n0, offs_n0 < H, H, INTERPRET)
+    store_sorted(data_ptr, to_e4m3(v1, inv[:, None], INTERPRET), rows, row_ok, offs_n1, offs_n1 < H, H, INTERPRET)
+    tl.store(scale_ptr + rows.to(tl.int64) * (H // 128) + block, scale, mask=row_ok)

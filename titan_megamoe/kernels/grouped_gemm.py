@@ -10,6 +10,10 @@ With `TileConfig.tma` both operands come through TMA descriptors: A is contiguou
 is rows [tile_row, tile_row + BLOCK_M)) and B is the weight viewed as a matrix. Rows of a tile past its
 expert's range, and B rows past expert e's block along N, are computed and masked at the store; along the
 reduction dimension the host requires KD % BLOCK_K == 0 so no tile reaches into the next expert's K rows.
+
+Block FP8 (every operand a `BlockScaled`): A rows e4m3 with 1x128 scales along KD, B an expert weight
+stored [n, k] (B_TRANS: W2 itself for GEMM2, the transposed copies W1^T, W3^T [E, D, H] for dx, since
+Hopper's FP8 MMA takes K-major operands only) with 128x128 block scales [E, ND/128, KD/128].
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..plan import RoutingPlan
+from ..precision import BlockScaled
 from .common import INTERPRET, matrix_descriptor, new_output, tma_ok
 from .configs import tile_config
 from .epilogue import scatter_routed
@@ -30,10 +35,12 @@ def _grouped_gemm_kernel(
     a1_ptr, b1_ptr, a2_ptr, b2_ptr,  # A: [N, KD] sorted rows; B: [E, ...] per expert
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
     out_ptr,  # [N, ND] routed-row order
+    a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,  # FP8 scales: A [N, KD/128], B [E, ND/128, KD/128]
     KD, ND,
     stride_be, stride_bk, stride_bn,
     TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     num_n = tl.cdiv(ND, BLOCK_N)
     expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr,
@@ -55,54 +62,81 @@ def _grouped_gemm_kernel(
     else:
         b_row = expert * KD
 
+    kb = tl.cdiv(KD, BLOCK_K)  # FP8: K blocks per row (BLOCK_K is the 128-wide scale block)
+    a_scale_off = rows.to(tl.int64) * kb
+    b_scale_off = expert.to(tl.int64) * tl.cdiv(ND, BLOCK_K) * kb + (offs_n // BLOCK_K) * kb
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc, _ = row_mainloop(acc, acc, a1_ptr, a_off, row_ok, row0, b1_ptr, b1_ptr, b_off, n_ok, n_ok, b_row, n0,
                           KD, stride_bk, A_TMA=TMA, B_TMA=TMA, B_TRANS=B_TRANS, TWO_B=False, WS=WS,
-                          BLOCK_K=BLOCK_K, INTERPRET=INTERPRET)
+                          BLOCK_K=BLOCK_K, INTERPRET=INTERPRET, a_scale=a1s_ptr, a_scale_off=a_scale_off,
+                          b0_scale=b1s_ptr, b1_scale=b1s_ptr, b0_scale_off=b_scale_off, b1_scale_off=b_scale_off,
+                          SCALED=FP8)
     if TWO_PAIRS:
         # a second pass over K into the same accumulator, not interleaved with the first: an interleaved
         # loop would hold four operand tiles per pipeline stage and overflow shared memory
         acc, _ = row_mainloop(acc, acc, a2_ptr, a_off, row_ok, row0, b2_ptr, b2_ptr, b_off, n_ok, n_ok, b_row, n0,
                               KD, stride_bk, A_TMA=TMA, B_TMA=TMA, B_TRANS=B_TRANS, TWO_B=False, WS=WS,
-                              BLOCK_K=BLOCK_K, INTERPRET=INTERPRET)
+                              BLOCK_K=BLOCK_K, INTERPRET=INTERPRET, a_scale=a2s_ptr, a_scale_off=a_scale_off,
+                              b0_scale=b2s_ptr, b1_scale=b2s_ptr, b0_scale_off=b_scale_off,
+                              b1_scale_off=b_scale_off, SCALED=FP8)
     scatter_routed(out_ptr, acc, order_ptr, rows, row_ok, offs_n, n_ok, ND, INTERPRET)
 
 
 def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPlan, dim, hidden, out_dtype,
             precision):
+    fp8 = isinstance(a1, BlockScaled)
+    two_pairs = b2 is not None
+    a2 = a2 if two_pairs else a1
+    b2 = b2 if two_pairs else b1
+    scales = [t.scale for t in (a1, b1, a2, b2)] if fp8 else None
+    if fp8:
+        a1, b1, a2, b2 = (t.data for t in (a1, b1, a2, b2))
     N, kd = a1.shape
     out = new_output((N, nd), out_dtype, a1.device)
     cfg = tile_config(kernel_name, dim, hidden, precision)
     grid = (plan.layout.num_tiles * triton.cdiv(nd, cfg.block_n),)
     if grid[0] == 0:
         return out
-    a2 = a2 if a2 is not None else a1
-    two_pairs = b2 is not None
-    b2 = b2 if b2 is not None else b1
+    if fp8:
+        assert b_trans and cfg.block_k == 128, "block FP8 takes K-major weights and 128-wide K blocks"
     use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(a1, a2, b1, b2)
     if use_tma:
-        a1, a2 = (matrix_descriptor(a, [cfg.block_m, cfg.block_k]) for a in (a1, a2))
+        a1, a2 = (matrix_descriptor(a, [plan.layout.block_m, cfg.block_k]) for a in (a1, a2))
         b_block = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
         b1, b2 = (matrix_descriptor(b, b_block) for b in (b1, b2))
     _grouped_gemm_kernel[grid](
         a1, b1, a2, b2,
-        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, kd, nd, *b_strides,
+        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *(scales or [out] * 4), kd, nd,
+        *b_strides,
         TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=INTERPRET,
+        BLOCK_M=plan.layout.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP8=fp8, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
 
+def _data(t):
+    return t.data if isinstance(t, BlockScaled) else t
+
+
 def expert_down_proj(h_NH, w2_EDH, plan: RoutingPlan, out_dtype, precision: str):
-    """Forward GEMM2: y[order(p)] = h_p W2_e^T, [N, D] in routed-row order."""
-    E, D, H = w2_EDH.shape
-    strides = (w2_EDH.stride(0), w2_EDH.stride(2), w2_EDH.stride(1))  # B[k=h, n=d] = W2[e, d, h]
+    """Forward GEMM2: y[order(p)] = h_p W2_e^T, [N, D] in routed-row order (FP8: h and W2 `BlockScaled`)."""
+    w2 = _data(w2_EDH)
+    E, D, H = w2.shape
+    strides = (w2.stride(0), w2.stride(2), w2.stride(1))  # B[k=h, n=d] = W2[e, d, h]
     return _launch("gemm2", h_NH, w2_EDH, None, None, strides, True, D, plan, D, H, out_dtype, precision)
 
 
 def expert_input_grad(dg_NH, du_NH, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: str):
-    """Backward dx rows: dx[order(p)] = dg_p W1_e + du_p W3_e, [N, D] in routed-row order."""
+    """Backward dx rows: dx[order(p)] = dg_p W1_e + du_p W3_e, [N, D] in routed-row order.
+
+    Block FP8: dg, du `BlockScaled` rows and w1_EHD, w3_EHD the transposed copies W1^T, W3^T [E, D, H]
+    (`BlockScaled`, K-major for the FP8 MMA)."""
+    if isinstance(dg_NH, BlockScaled):
+        w1t = w1_EHD.data
+        E, D, H = w1t.shape
+        strides = (w1t.stride(0), w1t.stride(2), w1t.stride(1))  # B[k=h, n=d] = W1^T[e, d, h]
+        return _launch("dx", dg_NH, w1_EHD, du_NH, w3_EHD, strides, True, D, plan, D, H, out_dtype, precision)
     E, H, D = w1_EHD.shape
     strides = (w1_EHD.stride(0), w1_EHD.stride(1), w1_EHD.stride(2))  # B[k=h, n=d] = W1[e, h, d]
     return _launch("dx", dg_NH, w1_EHD, du_NH, w3_EHD, strides, False, D, plan, D, H, out_dtype, precision)

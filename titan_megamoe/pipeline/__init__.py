@@ -23,7 +23,7 @@ def fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
     """(out [T, D] in x's dtype, residuals: list of tensors)."""
     E, H, D = w1_EHD.shape
     check_kernel_shapes(D, H)
-    d = local.dispatch(x_TD, topk_ids_TK, topk_scores_TK, E)
+    d = local.dispatch(x_TD, topk_ids_TK, topk_scores_TK, E, recipe)
     y_ND, ffn_residuals = ffn_forward(d.rows_RD, d.plan, w1_EHD, w2_EDH, w3_EHD, recipe)
     out = local.combine_forward(y_ND, d, x_TD.dtype)
     # asserted after the launches, off the GPU's critical path: a bad id cannot make the kernels read out
@@ -36,7 +36,7 @@ def fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_ED
                        recipe: Recipe):
     """(dx, d scores, dW1, dW2, dW3), each in its input's dtype."""
     *ffn_residuals, packed_plan = residuals
-    d = local.restore(x_TD, topk_scores_TK, packed_plan, w1_EHD.shape[0])
+    d = local.restore(x_TD, topk_scores_TK, packed_plan, w1_EHD.shape[0], recipe)
     dy = local.dispatch_grad(dout_TD, d)
     dx_ND, ds_N, saved = ffn_backward_input(dy, d.plan, d.scores_N, w1_EHD, w2_EDH, w3_EHD, ffn_residuals, recipe)
     dx = local.combine_grad(dx_ND, d, x_TD.dtype)
@@ -49,4 +49,4 @@ def residual_specs(x_TD, topk_ids_TK, w1_EHD, recipe: Recipe):
     """(shape, dtype) of every residual `fused_moe_forward` returns: the fake implementation's source."""
     T, K = topk_ids_TK.shape
     E, H, _ = w1_EHD.shape
-    return [*residual_shapes(T * K, H, recipe), ((local.local_layout(T, K, E).packed_size,), torch.int32)]
+    return [*residual_shapes(T * K, H, recipe), ((local.local_layout(T, K, E, recipe).packed_size,), torch.int32)]

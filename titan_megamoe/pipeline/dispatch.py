@@ -21,6 +21,7 @@ from ..kernels.combine import combine
 from ..kernels.configs import row_block_m
 from ..kernels.routing_meta import build_routing_plan
 from ..plan import PlanLayout, RoutingPlan
+from ..precision import Recipe
 
 
 @dataclass(frozen=True)
@@ -37,19 +38,24 @@ class Dispatched:
         return self.scores.float().contiguous().reshape(-1)
 
 
-def local_layout(num_tokens: int, top_k: int, num_experts: int) -> PlanLayout:
-    return PlanLayout(num_tokens * top_k, num_experts, row_block_m(), top_k)
+def plan_block_m(recipe: Recipe) -> int:
+    """The plan's tile rows for a recipe (block FP8 on either side needs 128: `configs.row_block_m`)."""
+    return row_block_m(fp8=recipe.quantized() or recipe.quantized(backward=True))
 
 
-def dispatch(x_TD, topk_ids_TK, topk_scores_TK, num_experts: int) -> Dispatched:
-    plan = build_routing_plan(topk_ids_TK, num_experts, row_block_m())
+def local_layout(num_tokens: int, top_k: int, num_experts: int, recipe: Recipe) -> PlanLayout:
+    return PlanLayout(num_tokens * top_k, num_experts, plan_block_m(recipe), top_k)
+
+
+def dispatch(x_TD, topk_ids_TK, topk_scores_TK, num_experts: int, recipe: Recipe) -> Dispatched:
+    plan = build_routing_plan(topk_ids_TK, num_experts, plan_block_m(recipe))
     return Dispatched(x_TD, plan, topk_scores_TK)
 
 
-def restore(x_TD, topk_scores_TK, packed_plan: torch.Tensor, num_experts: int) -> Dispatched:
+def restore(x_TD, topk_scores_TK, packed_plan: torch.Tensor, num_experts: int, recipe: Recipe) -> Dispatched:
     """The forward's dispatch, for the backward: the plan from its saved buffer (nothing is recomputed)."""
     T, K = topk_scores_TK.shape
-    plan = RoutingPlan.from_packed(packed_plan, local_layout(T, K, num_experts))
+    plan = RoutingPlan.from_packed(packed_plan, local_layout(T, K, num_experts, recipe))
     return Dispatched(x_TD, plan, topk_scores_TK)
 
 

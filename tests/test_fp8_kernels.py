@@ -1,0 +1,161 @@
+"""Block FP8 (`fp8`, `fp8_bwd`) on the Triton kernels, held to the PyTorch emulation of the same block
+quantization (`oracle.moe_fp8_emulation`, the reference backend).
+
+The rule (FlashAttention's, for FP8): every output and gradient's max error against a float64 oracle at
+most 2x the emulation's. On CPU the kernels run in Triton's interpreter at small shapes; on a GPU the
+same tests compile them, and the GPU-only cases below run real Qwen3 shapes.
+"""
+
+import pytest
+import torch
+
+from moe_cases import assert_flash_rule, forward_backward, make_case
+
+import titan_megamoe
+from titan_megamoe.oracle import moe_reference
+from titan_megamoe.pipeline import weight_cache
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+gpu_only = pytest.mark.skipif(not GPU, reason="real shapes need a CUDA GPU (the interpreter would take hours)")
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
+
+
+def _fused(precision):
+    return lambda *a: titan_megamoe.moe(*a, precision=precision, backend="triton")
+
+
+def _emulated(precision):
+    return lambda *a: titan_megamoe.moe(*a, precision=precision, backend="reference")
+
+
+def _check(case, precision, T, D, factor=2.0):
+    dout = torch.randn(T, D, device=DEVICE, dtype=torch.bfloat16, generator=None)
+    ref64 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.float64), case, dout, torch.float64)
+    emulated = forward_backward(_emulated(precision), case, dout)
+    got = forward_backward(_fused(precision), case, dout)
+    report = assert_flash_rule(got, ref64, emulated, factor)
+    assert weight_cache.cached_count() == 0, "the backward must release this step's FP8 weight copies"
+    return got, emulated, ref64, report
+
+
+CPU_CASES = [
+    # T, D, H, E, K, routing
+    pytest.param(40, 128, 128, 4, 2, "random", id="small"),
+    pytest.param(70, 256, 128, 5, 3, "skewed", id="odd-E-skewed"),
+    pytest.param(60, 128, 256, 6, 2, "empty_experts", id="empty-experts"),
+    pytest.param(50, 128, 128, 4, 2, "one_expert", id="one-hot-expert"),
+    pytest.param(1, 128, 128, 4, 1, "random", id="T1-K1"),
+    pytest.param(140, 128, 128, 2, 1, "one_expert", id="129-rows-per-expert"),
+]
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8_bwd"])
+@pytest.mark.parametrize("T,D,H,E,K,routing", CPU_CASES)
+def test_fp8_matches_emulation(precision, T, D, H, E, K, routing):
+    torch.manual_seed(T + E)
+    case = make_case(T, D, H, E, K, routing, device=DEVICE, seed=T + E)
+    _check(case, precision, T, D)
+
+
+def test_fp8_specific_values():
+    """Outliers 1e4x the median, all-zero blocks, values below e4m3's smallest normal (after scaling)."""
+    T, D, H, E, K = 48, 256, 128, 4, 2
+    case = make_case(T, D, H, E, K, "random", device=DEVICE, seed=5)
+    x = case.x.float()
+    x[3, 7] = 1e4 * x.abs().median()  # one outlier: its block's other values go subnormal or zero
+    x[5, :128] = 0  # an all-zero block
+    x[9, 128:] *= 1e-6  # a block far below the others
+    case.x = x.to(torch.bfloat16)
+    case.w1[0, :, :128] = 0  # an all-zero weight block
+    for precision in ("fp8", "fp8_bwd"):
+        _check(case, precision, T, D)
+
+
+def test_fp8_is_measurably_fp8():
+    """A silent bf16 fallback would fail here: FP8's error is several times bf16's."""
+    T, D, H, E, K = 64, 256, 128, 4, 2
+    case = make_case(T, D, H, E, K, "random", device=DEVICE, seed=7)
+    dout = torch.randn(T, D, device=DEVICE, dtype=torch.bfloat16)
+    ref64 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.float64), case, dout, torch.float64)
+    bf16 = forward_backward(_fused("bf16"), case, dout)
+    fp8 = forward_backward(_fused("fp8"), case, dout)
+    fp8_bwd = forward_backward(_fused("fp8_bwd"), case, dout)
+
+    def err(r, name):
+        return (r[name].double() - ref64[name]).norm().item() / ref64[name].norm().item()
+
+    for name in ("out", "dx", "dw1", "dw2", "dw3"):
+        assert err(fp8, name) > 4 * err(bf16, name), name
+    assert err(fp8_bwd, "out") < 2 * err(bf16, "out")  # bf16 forward
+    for name in ("dx", "dw1", "dw2", "dw3"):
+        assert err(fp8_bwd, name) > 4 * err(bf16, name), name
+
+
+def test_weight_update_in_place_requantizes():
+    """The FP8 weight copies follow in-place updates (the optimizer's step): no stale weights."""
+    T, D, H, E, K = 32, 128, 128, 2, 1
+    case = make_case(T, D, H, E, K, "random", device=DEVICE, seed=9)
+    w1 = case.w1.clone()
+    args = lambda: (case.x, case.ids, case.scores, w1, case.w2, case.w3)  # noqa: E731
+    with torch.no_grad():
+        first = titan_megamoe.moe(*args(), precision="fp8", backend="triton")
+        assert weight_cache.cached_count() == 3  # a forward without a backward keeps them for the next call
+        again = titan_megamoe.moe(*args(), precision="fp8", backend="triton")
+        assert torch.equal(first, again)
+        w1.mul_(-1.0)  # an optimizer step, in place
+        flipped = titan_megamoe.moe(*args(), precision="fp8", backend="triton")
+        expected = titan_megamoe.moe(*args(), precision="fp8", backend="reference")
+    assert not torch.equal(flipped, first)
+    assert torch.equal(flipped, expected)
+    del w1, first, again, flipped
+    import gc
+
+    gc.collect()
+    # dropped with the weight (the other two stay alive in `case`)
+    assert weight_cache.cached_count() == 2
+    for w in (case.w2, case.w3):
+        weight_cache.release(w)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8_bwd"])
+def test_fp8_rejects_shapes_off_the_block(precision):
+    case = make_case(8, 192, 128, 2, 1, "random", device=DEVICE, seed=1)
+    with pytest.raises(ValueError, match="multiples of 128"):
+        titan_megamoe.moe(*case.inputs(), precision=precision, backend="triton")
+
+
+GPU_CASES = [
+    pytest.param(4096, 2048, 768, 128, 8, "random", id="30b-a3b"),
+    pytest.param(2048, 4096, 1536, 128, 8, "random", id="235b-a22b"),
+    pytest.param(2048, 2048, 768, 128, 8, "skewed", id="skewed"),
+    pytest.param(1000, 1024, 512, 64, 4, "empty_experts", id="empty-experts"),
+    pytest.param(1000, 1024, 512, 64, 4, "one_expert", id="one-hot-expert"),
+    pytest.param(1, 1024, 512, 60, 4, "random", id="T1"),
+    pytest.param(1500, 2048, 768, 128, 1, "random", id="K1"),
+    pytest.param(777, 1152, 384, 40, 5, "random", id="odd-T-E40"),
+]
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp8", "fp8_bwd"])
+@pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
+def test_fp8_real_shapes(precision, T, D, H, E, K, routing):
+    case = make_case(T, D, H, E, K, routing, device="cuda", seed=T + E)
+    *_, report = _check(case, precision, T, D)
+    print(precision, report)
+
+
+@gpu_only
+@pytest.mark.gpu
+def test_fp8_forward_bitwise_reproducible():
+    case = make_case(8192, 2048, 768, 128, 8, "skewed", device="cuda", seed=11)
+    with torch.no_grad():
+        a = titan_megamoe.moe(*case.inputs(), precision="fp8", backend="triton")
+        b = titan_megamoe.moe(*case.inputs(), precision="fp8", backend="triton")
+    assert torch.equal(a, b)
