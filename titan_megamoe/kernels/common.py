@@ -53,7 +53,7 @@ def _rne_e4m3_interpreted(x):
     return tl.where(tl.abs(x) < 0.015625, subnormal, normal)
 
 
-E4M3_MAX: tl.constexpr = 448.0
+E4M3_MAX = tl.constexpr(448.0)  # a constexpr global: jitted code may read it
 
 
 @triton.jit

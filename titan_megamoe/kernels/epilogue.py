@@ -93,6 +93,13 @@ def dswiglu_fp8(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, tile, P, dgt_ptr, d
 
 
 @triton.jit
+def dswiglu_rows_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: tl.constexpr):
+    """(dg, du) of `dswiglu_fp8` again, rounded to bf16 (in fp32), without its stores."""
+    dg, du, _, _ = _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s)
+    return (cast_rne(dg, tl.bfloat16, INTERPRET).to(tl.float32), cast_rne(du, tl.bfloat16, INTERPRET).to(tl.float32))
+
+
+@triton.jit
 def store_rows_fp8(data_ptr, scale_ptr, v0, v1, rows, row_ok, offs_n0, offs_n1, H, block, INTERPRET: tl.constexpr):
     """Quantize two column halves [BLOCK_M, 64] of one 128-wide block of rows (1x128 scales, [N, H/128])."""
     amax = tl.maximum(tl.max(tl.abs(v0), axis=1), tl.max(tl.abs(v1), axis=1))

@@ -37,8 +37,10 @@ def row_mainloop(acc0, acc1, a_src, a_off, row_ok, a_row, b0_src, b1_src, b_off,
                  KD, stride_bk, A_TMA: tl.constexpr, B_TMA: tl.constexpr, B_TRANS: tl.constexpr, TWO_B: tl.constexpr,
                  WS: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
                  a_scale=None, a_scale_off=None, b0_scale=None, b1_scale=None, b0_scale_off=None, b1_scale_off=None,
-                 SCALED: tl.constexpr = False):
+                 SCALED: tl.constexpr = False, b1_row=None):
     offs_k = tl.arange(0, BLOCK_K)
+    if b1_row is None:  # TMA: the second weight block at its own row of the descriptor (dgrad's next columns)
+        b1_row = b_row
     # WS: Triton's automatic warp specialisation (producer warps issue the TMA loads, consumers the MMAs);
     # Hopper support needs descriptor loads, so only the TMA configs turn it on
     for k in tl.range(0, tl.cdiv(KD, BLOCK_K), warp_specialize=WS):
@@ -51,7 +53,7 @@ def row_mainloop(acc0, acc1, a_src, a_off, row_ok, a_row, b0_src, b1_src, b_off,
             if B_TRANS:  # B^T stored [n, k]: the tile is [BLOCK_N, BLOCK_K], used transposed
                 b0 = b0_src.load([b_row, k * BLOCK_K]).T
                 if TWO_B:
-                    b1 = b1_src.load([b_row, k * BLOCK_K]).T
+                    b1 = b1_src.load([b1_row, k * BLOCK_K]).T
             else:
                 b0 = b0_src.load([b_row + k * BLOCK_K, b_col])
                 if TWO_B:

@@ -10,10 +10,10 @@ Residuals saved for the backward: g, u [N, H] in sorted order (`Recipe.activatio
 them in the dgrad epilogue (docs/kernels.md has the measurements behind that).
 
 Block FP8 (`Recipe.quantized`, per side): every GEMM operand is a `BlockScaled` e4m3 tensor. x and dout
-are quantized once per call in 1x128 row blocks (one pass each, `kernels.quantize`); h is quantized in
-GEMM1's epilogue, dg and du in dgrad's (rows for dx, token tiles for dW1/dW3, with s*h for dW2); x and
-dout once more as token tiles for the weight gradients; the weights once per optimizer step
-(`weight_cache`). g and u stay bf16 (they feed dSwiGLU's nonlinearity, not a GEMM).
+are quantized into sorted order in 1x128 row blocks (GEMM1 and dgrad read them through TMA), dout in the
+same pass also as token tiles for dW2 (`kernels.quantize`); h is quantized in GEMM1's epilogue, dg and
+du in dgrad's (rows for dx, token tiles for dW1/dW3, with s*h for dW2); x once more as token tiles in
+the backward; the weights once per optimizer step (`weight_cache`). g and u stay bf16 (they feed dSwiGLU's nonlinearity, not a GEMM).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..precision import Recipe
 from ..kernels.dgrad_swiglu import dgrad_swiglu
 from ..kernels.gemm1_swiglu import gemm1_swiglu
 from ..kernels.grouped_gemm import expert_down_proj, expert_input_grad
-from ..kernels.quantize import quantize_rows, quantize_token_tiles
+from ..kernels.quantize import quantize_sorted_rows, quantize_token_tiles
 from ..kernels.wgrad import expert_wgrad_w2, expert_wgrad_w2_fp8, expert_wgrad_w13, expert_wgrad_w13_fp8
 from . import weight_cache
 
@@ -40,7 +40,9 @@ def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Reci
     """(y rows [N, D] in row order, residuals)."""
     if recipe.quantized():
         w1q, w2q, w3q = (weight_cache.quantized(w).w for w in (w1_EHD, w2_EDH, w3_EHD))
-        g, u, h = gemm1_swiglu(quantize_rows(rows_RD), w1q, w3q, plan, recipe.activation, FP8)
+        # x in sorted order: GEMM1 reads it through TMA (a gathered FP8 tile costs too many registers)
+        g, u, h = gemm1_swiglu(quantize_sorted_rows(rows_RD, plan), w1q, w3q, plan, recipe.activation, FP8,
+                               sorted_rows=True)
         return expert_down_proj(h, w2q, plan, recipe.activation, FP8), [g, u]
     p = BF16
     x = recipe.operand(rows_RD)
@@ -58,9 +60,11 @@ def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EH
         w1t, w2t, w3t = (weight_cache.quantized(w).wt for w in (w1_EHD, w2_EDH, w3_EHD))
         for w in (w1_EHD, w2_EDH, w3_EHD):  # the last use of this step's copies
             weight_cache.release(w)
-        dg, du, tiles, ds_N = dgrad_swiglu(quantize_rows(dy_RD), w2t, g, u, scores_N, plan, FP8)
+        # dout read once: sorted 1x128 rows for dgrad, token tiles for dW2
+        dy_rows, dy_tiles = quantize_sorted_rows(dy_RD, plan, with_tiles=True)
+        dg, du, tiles, ds_N = dgrad_swiglu(dy_rows, w2t, g, u, scores_N, plan, FP8, sorted_rows=True)
         dx_ND = expert_input_grad(dg, du, w1t, w3t, plan, recipe.activation, FP8)
-        return dx_ND, ds_N, (dy_RD, *tiles)
+        return dx_ND, ds_N, (dy_tiles, *tiles)
     p = BF16
     dout = recipe.operand(dy_RD, backward=True)
     dg, du, hs, ds_N = dgrad_swiglu(dout, recipe.operand(w2_EDH, backward=True), g, u, scores_N, plan, p)
@@ -72,8 +76,8 @@ def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EH
 def ffn_backward_weights(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, saved, recipe: Recipe):
     """(dW1, dW2, dW3) in the weights' dtypes; `saved` is what ffn_backward_input returned for them."""
     if recipe.quantized(backward=True):
-        dy_RD, dg_t, du_t, hs_t = saved
-        dw2 = expert_wgrad_w2_fp8(quantize_token_tiles(dy_RD, plan), hs_t, plan, w2_EDH.dtype)
+        dy_t, dg_t, du_t, hs_t = saved
+        dw2 = expert_wgrad_w2_fp8(dy_t, hs_t, plan, w2_EDH.dtype)
         dw1, dw3 = expert_wgrad_w13_fp8(dg_t, du_t, quantize_token_tiles(rows_RD, plan), plan, w1_EHD.dtype)
         return dw1, dw2, dw3
     p = BF16
