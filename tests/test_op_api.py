@@ -55,10 +55,6 @@ def test_triton_backend_without_gpu_says_what_to_do(monkeypatch):
 
 @pytest.mark.parametrize("precision,backend,exc,words", [
     ("fp16", "auto", ValueError, "expected one of 'bf16', 'fp8', 'fp8_bwd', 'mxfp8'"),
-    # block FP8 runs on the reference backend (tests/test_fp8_emulation.py); the Triton kernels refuse it
-    ("fp8", "triton", NotImplementedError, "'fp8' is not implemented yet on backend='triton'.*backend='reference'"),
-    ("fp8_bwd", "triton", NotImplementedError,
-     "'fp8_bwd' is not implemented yet on backend='triton'.*backend='reference'"),
     ("mxfp8", "auto", ValueError, "Blackwell"),
 ])
 def test_precision_errors(precision, backend, exc, words):
