@@ -1,0 +1,304 @@
+"""Block FP8 quantization kernels: the three operand layouts of `titan_megamoe.quant`, bit for bit.
+
+Each launcher writes e4m3 data and one power-of-two fp32 scale per block, with the scale policy and the
+saturating round-to-nearest-even cast of `quant.py` (`common.e4m3_scale`, `common.to_e4m3`), so a
+kernel's output is bitwise `quant`'s:
+
+  quantize_rows(x_RC)              1x128 blocks along a row: a GEMM's row operand (x, dout, h, dg, du)
+                                   = quant.quantize_activation(x_RC)
+  quantize_weight_pair(w_ERC)      128x128 blocks of each expert's weight, as W [E, R, C] and W^T
+                                   [E, C, R] from one read of w: GEMM1/GEMM2 use W, dgrad/dx use W^T
+                                   = quant.quantize_weight(w), quant.quantize_weight(w^T)
+  quantize_token_tiles(src, plan)  the weight-gradient operand: the plan's expert-sorted rows, stored
+                                   transposed and tile-padded [C, num_tiles * 128], 1x128 blocks along
+                                   the tokens (one block per tile and column)
+                                   = quant.quantize_token_tiles(src[order // K], plan)
+
+Every element of every output is written (the tiles past the real count too: zeros, scale 1), so no
+output needs a fill first and the POISON checks hold. Sizes follow from the shapes and the plan's
+layout: no launcher synchronises with the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import quant
+from ..plan import RoutingPlan
+from ..precision import BlockScaled
+from ..validation import check_multiple_of
+from .common import INTERPRET, e4m3_scale, new_output, to_e4m3
+
+BLOCK = quant.ACTIVATION_BLOCK[1]  # 128: the side of every scale block here (activations, weights, token blocks)
+_FLOAT_INPUTS = (torch.bfloat16, torch.float32)
+_HINT = "; block FP8 needs D and H to be multiples of 128: pad them or use precision='bf16'"
+
+
+@triton.jit
+def _fp32(x, INTERPRET: tl.constexpr):
+    """x (bf16 or fp32) in fp32. The interpreter's bf16 -> fp32 conversion gets bf16 subnormals wrong
+    (6.4e-40 comes out as 8.8e-39), so there the bf16 bits are widened by hand (exact, as on the GPU)."""
+    if INTERPRET and x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _e4m3(x, inv_scale, INTERPRET: tl.constexpr):
+    """`to_e4m3`, with the sign of zero kept in the interpreter: its emulated rounding turns a negative
+    value that rounds to zero (and -0.0) into +0 (0x00), where torch and the GPU's cvt give -0 (0x80).
+    The result's sign bit is x's (inv_scale > 0): OR-ing it in fixes exactly those zeros. Remove this
+    once `common.to_e4m3` keeps the sign itself."""
+    q = to_e4m3(x, inv_scale, INTERPRET)
+    if INTERPRET:
+        sign = ((x.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
+        q = (q.to(tl.uint8, bitcast=True) | sign).to(tl.float8e4nv, bitcast=True)
+    return q
+
+
+def _check_input(where: str, t: torch.Tensor, ndims: tuple[int, ...], shape: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() not in ndims:
+        got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{where}: expected {shape}, got {got}")
+    if t.dtype not in _FLOAT_INPUTS:
+        raise TypeError(f"{where}: dtype {t.dtype} is not supported; expected one of "
+                        f"{', '.join(map(str, _FLOAT_INPUTS))}")
+    if t.device.type != "cuda" and not INTERPRET:
+        raise ValueError(f"{where}: the Triton kernels run on CUDA (or with TRITON_INTERPRET=1); the tensor is on "
+                         f"{t.device}. On CPU use titan_megamoe.quant")
+
+
+# ------------------------------------------------------------------------------------------------
+# Rows: 1x128 blocks
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr, data_ptr, scale_ptr,  # x [R, C] (strided); data [R, C] e4m3; scale [R, C / 128] fp32
+    R, C, stride_r, stride_c,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    col_block = tl.program_id(1)
+    cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = rows < R
+    rows = rows.to(tl.int64)
+    x = _fp32(tl.load(x_ptr + rows[:, None] * stride_r + cols[None, :] * stride_c, mask=ok[:, None], other=0.0),
+              INTERPRET)
+    scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
+    tl.store(data_ptr + rows[:, None] * C + cols[None, :], _e4m3(x, inv[:, None], INTERPRET), mask=ok[:, None])
+    tl.store(scale_ptr + rows * (C // BLOCK_C) + col_block, scale, mask=ok)
+
+
+_ROWS_PER_PROGRAM = 32
+
+
+def quantize_rows(x_RC: torch.Tensor) -> BlockScaled:
+    """x [R, C] (bf16 or fp32; C a multiple of 128, any R) in e4m3, one scale per 1x128 block of a
+    row: data [R, C], scale [R, C / 128], block (1, 128); bitwise `quant.quantize_activation(x_RC)`.
+
+    Why a kernel: a GEMM's row operand (x before GEMM1, dout before dgrad) is quantized once per step
+    on the critical path; torch's version makes several full-size passes over x. One program quantizes 32 rows of one
+    column block: each row's 128 values are its block, reduced in registers."""
+    _check_input("quantize_rows", x_RC, (2,), "a 2-D operand [R, C]")
+    R, C = x_RC.shape
+    check_multiple_of(f"quantize_rows: shape {tuple(x_RC.shape)} in (1, {BLOCK}) blocks", {"C (columns)": C}, BLOCK,
+                      _HINT)
+    data = new_output((R, C), quant.E4M3, x_RC.device)
+    scale = new_output((R, C // BLOCK), torch.float32, x_RC.device)
+    if R == 0 or C == 0:
+        return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
+    _quantize_rows_kernel[(triton.cdiv(R, _ROWS_PER_PROGRAM), C // BLOCK)](
+        x_RC, data, scale, R, C, x_RC.stride(0), x_RC.stride(1),
+        BLOCK_R=_ROWS_PER_PROGRAM, BLOCK_C=BLOCK, INTERPRET=INTERPRET, num_warps=4,
+    )
+    return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
+
+
+# ------------------------------------------------------------------------------------------------
+# Weights: 128x128 blocks, W and W^T in one pass (bf16)
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _quantize_weight_pair_kernel(
+    w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr,  # w [E, R, C] (strided); data [E, R, C],
+    R, C, stride_e, stride_r, stride_c,  # scale [E, R/128, C/128]; data_t [E, C, R], scale_t [E, C/128, R/128]
+    WRITE_W: tl.constexpr, WRITE_WT: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    col_block = tl.program_id(0)
+    row_block = tl.program_id(1)
+    expert = tl.program_id(2).to(tl.int64)
+    rows = row_block * BLOCK + tl.arange(0, BLOCK)
+    cols = col_block * BLOCK + tl.arange(0, BLOCK)
+    w = _fp32(tl.load(w_ptr + expert * stride_e + rows[:, None] * stride_r + cols[None, :] * stride_c), INTERPRET)
+    scale, inv = e4m3_scale(tl.max(tl.max(tl.abs(w), axis=1), axis=0))
+    q = _e4m3(w, inv, INTERPRET)
+    base = expert * R * C  # both copies hold R * C elements per expert
+    n_row_blocks = R // BLOCK
+    n_col_blocks = C // BLOCK
+    blocks = expert * n_row_blocks * n_col_blocks
+    if WRITE_W:
+        tl.store(data_ptr + base + rows[:, None] * C + cols[None, :], q)
+        tl.store(scale_ptr + blocks + row_block * n_col_blocks + col_block, scale)
+    if WRITE_WT:
+        tl.store(data_t_ptr + base + cols[:, None] * R + rows[None, :], tl.trans(q))
+        tl.store(scale_t_ptr + blocks + col_block * n_row_blocks + row_block, scale)
+
+
+def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]:
+    """Each expert's weight [E, R, C] (or one weight [R, C]; R and C multiples of 128) in e4m3 with one
+    scale per 128x128 block, as W and as W^T:
+      W:   data [E, R, C], scale [E, R/128, C/128]   = quant.quantize_weight(w)
+      W^T: data [E, C, R], scale [E, C/128, R/128]   = quant.quantize_weight(w.transpose(-2, -1))
+    (2-D shapes for a 2-D weight), block (128, 128), bitwise.
+
+    Why one pass: the forward GEMMs read W and the backward's dgrad/dx read W^T, K-major both (what the
+    FP8 MMA wants); a transposed block has the same amax, hence the same scale and the same values
+    transposed (quant.py), so each program loads its 128x128 block once and writes both copies. Weights
+    change once per optimizer step: this runs once per step, not per micro-batch.
+
+    fp32 weights take two launches (W, then W^T): from an fp32 tile, Triton 3.6 on the H200 rounds about
+    a third of W^T's elements wrongly when the same program also stores W (measured: W^T alone, both
+    copies from a bf16 tile, or casting values already rounded to e4m3 all come out right)."""
+    _check_input("quantize_weight_pair", w_ERC, (2, 3), "a weight [R, C] or one per expert [E, R, C]")
+    two_d = w_ERC.dim() == 2
+    w = w_ERC.unsqueeze(0) if two_d else w_ERC
+    E, R, C = w.shape
+    check_multiple_of(f"quantize_weight_pair: shape {tuple(w_ERC.shape)} in ({BLOCK}, {BLOCK}) blocks",
+                      {"R (rows)": R, "C (columns)": C}, BLOCK, _HINT)
+    device = w.device
+    data = new_output((E, R, C), quant.E4M3, device)
+    scale = new_output((E, R // BLOCK, C // BLOCK), torch.float32, device)
+    data_t = new_output((E, C, R), quant.E4M3, device)
+    scale_t = new_output((E, C // BLOCK, R // BLOCK), torch.float32, device)
+    if E * R * C:
+        passes = [(True, True)] if w.dtype == torch.bfloat16 else [(True, False), (False, True)]
+        for write_w, write_wt in passes:
+            _quantize_weight_pair_kernel[(C // BLOCK, R // BLOCK, E)](
+                w, data, scale, data_t, scale_t, R, C, w.stride(0), w.stride(1), w.stride(2),
+                WRITE_W=write_w, WRITE_WT=write_wt, BLOCK=BLOCK, INTERPRET=INTERPRET, num_warps=8,
+            )
+    if two_d:
+        data, scale, data_t, scale_t = data[0], scale[0], data_t[0], scale_t[0]
+    return (BlockScaled(data, scale, quant.WEIGHT_BLOCK), BlockScaled(data_t, scale_t, quant.WEIGHT_BLOCK))
+
+
+# ------------------------------------------------------------------------------------------------
+# Token tiles: the weight-gradient operand, transposed, 1x128 blocks along the tokens
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _quantize_token_tiles_kernel(
+    src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+    data_ptr, scale_ptr,  # data [C, num_tiles * 128] e4m3; scale [C, num_tiles] fp32
+    rows_ptr, rows_scale_ptr,  # WITH_ROWS: the same rows in sorted order, 1x128 blocks: [N, C], [N, C / 128]
+    C, num_tiles, rows_per_token, stride_r, stride_c,
+    GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, WITH_TILES: tl.constexpr,
+    WITH_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    expert = tl.load(tile_expert_ptr + tile)
+    row0 = tl.load(tile_row_ptr + tile)
+    # a spare tile (expert -1, first row 0) ends at 0: it has no rows and is written as zeros
+    end = tl.where(expert >= 0, tl.load(offsets_ptr + tl.maximum(expert, 0) + 1), 0)
+    i = tl.arange(0, BLOCK_M)
+    rows = row0 + i  # sorted rows of this tile; the ones past the expert's end are zeros
+    row_ok = rows < end
+    if GATHER:
+        src = tl.load(order_ptr + rows, mask=row_ok, other=0) // rows_per_token
+    else:
+        src = rows
+    x = _fp32(tl.load(src_ptr + src.to(tl.int64)[:, None] * stride_r + cols[None, :] * stride_c,
+                      mask=row_ok[:, None] & col_ok[None, :], other=0.0), INTERPRET)  # [BLOCK_M, BLOCK_C]
+    if WITH_ROWS:  # BLOCK_C == 128: one block per row; only the tile's own rows are written
+        row_scale, row_inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
+        qr = _e4m3(x, row_inv[:, None], INTERPRET)
+        tl.store(rows_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], qr, mask=row_ok[:, None] & col_ok[None, :])
+        tl.store(rows_scale_ptr + rows.to(tl.int64) * (C // BLOCK_C) + tl.program_id(1), row_scale, mask=row_ok)
+    if WITH_TILES:
+        scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=0))  # one block per column: the tile's rows
+        q = _e4m3(x, inv[None, :], INTERPRET)
+        cols = cols.to(tl.int64)
+        P = num_tiles * BLOCK_M
+        tl.store(data_ptr + cols[:, None] * P + tile * BLOCK_M + i[None, :], tl.trans(q), mask=col_ok[:, None])
+        tl.store(scale_ptr + cols * num_tiles + tile, scale, mask=col_ok)
+
+
+_TOKEN_TILE_COLS = 128
+
+
+def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: bool = False) -> BlockScaled:
+    """A weight-gradient operand in the layout of `quant.quantize_token_tiles`: the plan's expert-sorted
+    rows [N, C], transposed and tile-padded to data [C, P] (P = plan.layout.num_tiles * 128; tile t owns
+    columns [128 t, 128 t + 128): its rows, then zeros past its expert's end, all zeros for a tile past
+    the real count), scale [C, P / 128] (1 for an all-zero block), block (1, 128).
+
+    Sorted row p reads src_RC[plan.order_N[p] // plan.rows_per_token] (token rows like x or dout, or
+    the rows an EP dispatcher received), or src_RC[p] with `sorted_rows` (rows a kernel stored in
+    sorted order: h, dg, du); bitwise quant.quantize_token_tiles(those rows, plan).
+
+    Why this layout: a weight-gradient GEMM reduces over each expert's tokens, so its FP8 operands need
+    scales along the tokens (a block restarting at each expert's first row, the plan's tiles) and the
+    token dimension contiguous (K-major for the MMA). One program gathers one tile's 128 rows for 128
+    columns (masked: no copy of the sorted rows is made), takes each column's amax over the rows and
+    writes the block transposed."""
+    where = "quantize_token_tiles"
+    _check_input(where, src_RC, (2,), "2-D rows [R, C]")
+    bm = plan.layout.block_m
+    if bm != quant.TOKEN_BLOCK[0]:
+        raise ValueError(f"{where}: the plan's tiles must be {quant.TOKEN_BLOCK[0]} rows (one token block), got "
+                         f"block_m={bm}; build the plan with block_m={quant.TOKEN_BLOCK[0]}")
+    K = 1 if sorted_rows else plan.rows_per_token
+    N = plan.num_rows
+    if src_RC.shape[0] * K != N:
+        expected = f"N = {N} sorted rows" if sorted_rows else f"N / rows_per_token = {N} / {K} rows"
+        raise ValueError(f"{where}: src_RC has {src_RC.shape[0]} rows but the plan needs {expected}")
+    if plan.packed.device != src_RC.device:
+        raise ValueError(f"{where}: the plan is on {plan.packed.device} but src_RC on {src_RC.device}")
+    return _gathered(src_RC, plan, K, sorted_rows, tiles=True, rows=False)[0]
+
+
+def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool, rows: bool):
+    C = src_RC.shape[1]
+    N = plan.num_rows
+    num_tiles = plan.layout.num_tiles
+    bm = plan.layout.block_m
+    dev = src_RC.device
+    data, scale = ((new_output((C, num_tiles * bm), quant.E4M3, dev), new_output((C, num_tiles), torch.float32, dev))
+                   if tiles else (None, None))
+    rows_data, rows_scale = ((new_output((N, C), quant.E4M3, dev), new_output((N, C // BLOCK), torch.float32, dev))
+                             if rows else (None, None))
+    if num_tiles and C:
+        some = data if tiles else rows_data
+        _quantize_token_tiles_kernel[(num_tiles, triton.cdiv(C, _TOKEN_TILE_COLS))](
+            src_RC, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
+            data if tiles else some, scale if tiles else some, rows_data if rows else some,
+            rows_scale if rows else some, C, num_tiles, K, src_RC.stride(0), src_RC.stride(1),
+            GATHER=not sorted_rows, BLOCK_M=bm, BLOCK_C=_TOKEN_TILE_COLS, WITH_TILES=tiles, WITH_ROWS=rows,
+            INTERPRET=INTERPRET, num_warps=8,
+        )
+    return (BlockScaled(data, scale, quant.ACTIVATION_BLOCK) if tiles else None,
+            BlockScaled(rows_data, rows_scale, quant.ACTIVATION_BLOCK) if rows else None)
+
+
+def quantize_sorted_rows(src_RC: torch.Tensor, plan: RoutingPlan, with_tiles: bool = False):
+    """The plan's expert-sorted rows of src (row p = src_RC[order[p] // rows_per_token]) quantized in 1x128
+    row blocks, [N, C] (+ scale [N, C / 128]): bitwise quantize_rows(src_RC)'s rows gathered into sorted
+    order. With `with_tiles` also `quantize_token_tiles(src_RC, plan)` from the same read: returns
+    (rows, tiles). Why: a GEMM whose rows are contiguous in sorted order reads them through TMA, where a
+    gathered FP8 tile costs 64 address registers per thread (the gathering GEMM1 and dgrad spilled)."""
+    _check_input("quantize_sorted_rows", src_RC, (2,), "2-D rows [R, C]")
+    check_multiple_of(f"quantize_sorted_rows: shape {tuple(src_RC.shape)}", {"C (columns)": src_RC.shape[1]}, BLOCK,
+                      _HINT)
+    if src_RC.shape[0] * plan.rows_per_token != plan.num_rows:
+        raise ValueError(f"quantize_sorted_rows: src_RC has {src_RC.shape[0]} rows but the plan needs "
+                         f"{plan.num_rows} / {plan.rows_per_token}")
+    tiles, rows = _gathered(src_RC, plan, plan.rows_per_token, False, tiles=with_tiles, rows=True)
+    return (rows, tiles) if with_tiles else rows
