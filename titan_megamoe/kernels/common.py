@@ -37,20 +37,22 @@ def cast_rne(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
             bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
             x = bits.to(tl.float32, bitcast=True)
         elif dtype == tl.float8e4nv:
-            x = _rne_e4m3_interpreted(x)
+            x = _rne_e4m3(x)
     return x.to(dtype)
 
 
 @triton.jit
-def _rne_e4m3_interpreted(x):
-    """x (within +-448) rounded to the nearest e4m3 value, ties to even, still in fp32: normals keep 3
+def _rne_e4m3(x):
+    """x (within +-448) rounded to the nearest e4m3 value, ties to even, still in fp32 (the interpreter's
+    cast truncates, and `to_e4m3` uses it on the GPU too): normals keep 3
     mantissa bits; below e4m3's smallest normal 2^-6 values round to multiples of 2^-9, which adding and
     subtracting 1.5 * 2^14 does (fp32's spacing there is 2^-9)."""
     bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
-    normal = bits.to(tl.float32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
     subnormal = (x + 24576.0) - 24576.0
-    return tl.where(tl.abs(x) < 0.015625, subnormal, normal)
+    rounded = tl.where(tl.abs(x) < 0.015625, subnormal, normal)
+    # the sign of a value that rounds to zero (-0.0 is e4m3's 0x80, as torch's cast gives)
+    return (rounded.to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
 
 
 E4M3_MAX = tl.constexpr(448.0)  # a constexpr global: jitted code may read it
@@ -79,9 +81,13 @@ def e4m3_scale(amax):
 
 @triton.jit
 def to_e4m3(x, inv_scale, INTERPRET: tl.constexpr):
-    """x * inv_scale (exact: a power of two) as e4m3, saturating at +-448 (e4m3fn has no inf)."""
+    """x * inv_scale (exact: a power of two) as e4m3, saturating at +-448 (e4m3fn has no inf).
+
+    Rounded to an e4m3 value in fp32 first, so the cast itself is exact: Triton 3.6 on the H200 cast
+    fp32 -> e4m3 wrongly in a program that stored a tile twice (a 128x128 block and its transpose, found
+    by tests/test_quant_kernels.py); bitwise the same result as the hardware's round-to-nearest-even."""
     v = tl.minimum(tl.maximum(x * inv_scale, -E4M3_MAX), E4M3_MAX)
-    return cast_rne(v, tl.float8e4nv, INTERPRET)
+    return _rne_e4m3(v).to(tl.float8e4nv)
 
 
 INTERPRET = isinstance(mma, InterpretedFunction)

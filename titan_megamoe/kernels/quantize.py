@@ -45,19 +45,6 @@ def _fp32(x, INTERPRET: tl.constexpr):
     return x.to(tl.float32)
 
 
-@triton.jit
-def _e4m3(x, inv_scale, INTERPRET: tl.constexpr):
-    """`to_e4m3`, with the sign of zero kept in the interpreter: its emulated rounding turns a negative
-    value that rounds to zero (and -0.0) into +0 (0x00), where torch and the GPU's cvt give -0 (0x80).
-    The result's sign bit is x's (inv_scale > 0): OR-ing it in fixes exactly those zeros. Remove this
-    once `common.to_e4m3` keeps the sign itself."""
-    q = to_e4m3(x, inv_scale, INTERPRET)
-    if INTERPRET:
-        sign = ((x.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
-        q = (q.to(tl.uint8, bitcast=True) | sign).to(tl.float8e4nv, bitcast=True)
-    return q
-
-
 def _check_input(where: str, t: torch.Tensor, ndims: tuple[int, ...], shape: str) -> None:
     if not isinstance(t, torch.Tensor) or t.dim() not in ndims:
         got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
@@ -89,7 +76,7 @@ def _quantize_rows_kernel(
     x = _fp32(tl.load(x_ptr + rows[:, None] * stride_r + cols[None, :] * stride_c, mask=ok[:, None], other=0.0),
               INTERPRET)
     scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
-    tl.store(data_ptr + rows[:, None] * C + cols[None, :], _e4m3(x, inv[:, None], INTERPRET), mask=ok[:, None])
+    tl.store(data_ptr + rows[:, None] * C + cols[None, :], to_e4m3(x, inv[:, None], INTERPRET), mask=ok[:, None])
     tl.store(scale_ptr + rows * (C // BLOCK_C) + col_block, scale, mask=ok)
 
 
@@ -136,7 +123,7 @@ def _quantize_weight_pair_kernel(
     cols = col_block * BLOCK + tl.arange(0, BLOCK)
     w = _fp32(tl.load(w_ptr + expert * stride_e + rows[:, None] * stride_r + cols[None, :] * stride_c), INTERPRET)
     scale, inv = e4m3_scale(tl.max(tl.max(tl.abs(w), axis=1), axis=0))
-    q = _e4m3(w, inv, INTERPRET)
+    q = to_e4m3(w, inv, INTERPRET)
     base = expert * R * C  # both copies hold R * C elements per expert
     n_row_blocks = R // BLOCK
     n_col_blocks = C // BLOCK
@@ -219,12 +206,12 @@ def _quantize_token_tiles_kernel(
                       mask=row_ok[:, None] & col_ok[None, :], other=0.0), INTERPRET)  # [BLOCK_M, BLOCK_C]
     if WITH_ROWS:  # BLOCK_C == 128: one block per row; only the tile's own rows are written
         row_scale, row_inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
-        qr = _e4m3(x, row_inv[:, None], INTERPRET)
+        qr = to_e4m3(x, row_inv[:, None], INTERPRET)
         tl.store(rows_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], qr, mask=row_ok[:, None] & col_ok[None, :])
         tl.store(rows_scale_ptr + rows.to(tl.int64) * (C // BLOCK_C) + tl.program_id(1), row_scale, mask=row_ok)
     if WITH_TILES:
         scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=0))  # one block per column: the tile's rows
-        q = _e4m3(x, inv[None, :], INTERPRET)
+        q = to_e4m3(x, inv[None, :], INTERPRET)
         cols = cols.to(tl.int64)
         P = num_tiles * BLOCK_M
         tl.store(data_ptr + cols[:, None] * P + tile * BLOCK_M + i[None, :], tl.trans(q), mask=col_ok[:, None])
