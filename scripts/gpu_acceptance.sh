@@ -18,7 +18,7 @@ stage() {  # name, time limit (s), command...
 }
 stage gpu_tests "${TESTS_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py \
   tests/test_routing.py tests/test_router.py ${TESTS_K:+-k "$TESTS_K"}
-stage bench 170 python3 scripts/bench_layer.py --sac --iters 20
+stage bench 560 python3 scripts/bench_layer.py --sac --iters 20 --precision bf16,fp8,fp8_bwd --max-seconds 480
 stage ab_debug 130 python3 -m titan_megamoe.cli ab --config qwen3_moe_debug.toml --steps 30 --warmup 5 \
   --no-deterministic --out "$out/ab_debug"
 stage ab_30b_1gpu "${AB30_LIMIT:-290}" python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps 50 \

@@ -55,7 +55,14 @@ def bench_section(path: Path) -> list[str]:
              "| fused f+b TFLOP/s | peak GiB stock / fused | max rel. L2 vs stock |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     sac = []
+    skipped = []
     for r in data["results"]:
+        if "precision" in r and r["precision"] != "bf16":  # runs with a precision column
+            r = {**r, "case": f"{r['case']} {r['precision']}"}
+        if "skipped" in r or "failed" in r:
+            skipped.append(f"- {r['case']}: {'skipped' if 'skipped' in r else 'FAILED'}: "
+                           f"{r.get('skipped', r.get('failed'))}")
+            continue
         lines.append(
             f"| {r['case']} | {r['stock_fwd_ms']:.2f} | {r['fused_fwd_ms']:.2f} | {r['fwd_speedup']:.2f} "
             f"| {r['fused_fwd_tflops']:.0f} | {r['stock_fwdbwd_ms']:.2f} | {r['fused_fwdbwd_ms']:.2f} "
@@ -79,6 +86,8 @@ def bench_section(path: Path) -> list[str]:
             sac.append(f"| {r['case']} | {r['stock_sac_fwdbwd_ms']:.2f} / {r['stock_sac_peak_gib']:.2f} "
                        f"| {r['fused_sac_recompute_fwdbwd_ms']:.2f} / {r['fused_sac_recompute_peak_gib']:.2f} "
                        f"| {r['fused_sac_save_fwdbwd_ms']:.2f} / {r['fused_sac_save_peak_gib']:.2f} |")
+    if skipped:
+        lines += ["", "Not measured:", "", *skipped]
     if sac:
         lines += ["", "Under op-level selective AC (forward+backward ms / peak GiB):", "",
                   "| case | stock | fused, op recomputed (default) | fused, op saved (`save_under_sac`) |",
