@@ -15,6 +15,7 @@ from torchtitan.tools.logging import logger
 
 from ...ops import resolve_backend
 from ...precision import check_backend_precision, recipe_for
+from ...validation import check_block_shapes
 from .modules import MegaGroupedExperts, MegaMoE
 
 CONVERTER_NAME = "mega_moe"
@@ -109,6 +110,11 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router
             _fail(f"{name} has score_before_experts=True (scores applied to the expert inputs), which the fused "
                   f"op does not support: it applies the scores after the experts (Qwen3's "
                   f"score_before_experts=False); use such a flavor or mega_moe.enable=false")
+        _, hidden, dim = m.experts.w1.shape
+        try:  # block FP8 needs D and H in whole 128-blocks: say so when the job starts, not at the first step
+            check_block_shapes(dim, hidden, recipe_for(precision))
+        except ValueError as e:
+            _fail(f"{name}: {e}")
     for _, m in layers:
         m.__class__ = MegaMoE
         m.experts.__class__ = MegaGroupedExperts
