@@ -182,10 +182,9 @@ def test_wgrad_rejects_bad_inputs():
 # Runs in a fresh process: once triton is imported with TRITON_INTERPRET=1 its own library functions
 # (tl.cdiv, ...) are interpreted too, so a real compile cannot happen in this one.
 _SM90_COMPILE = r"""
-import json, os, re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import compile_sm90 as compile_kernel  # the one sm_90 compile + SASS check
 from titan_megamoe.kernels import wgrad
 from titan_megamoe.kernels.configs import tile_config
 
@@ -208,20 +207,9 @@ def compile_sm90(kind):
         TOP_K=8, A_GATHER=w2, B_GATHER=not w2, DUAL=not w2, EVEN_M=True, EVEN_N=True, OUT_BF16=True,
         SORTED_TMA=tma, INTERPRET=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
     ptrs.update(descs)
-    signature = {**ptrs, **ints, **dict.fromkeys(constexprs, "constexpr")}
-    aligned = (set(ptrs) - set(descs)) | {"M", "N", "stride_a", "stride_b", "stride_ce", "stride_cm"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
-    src = ASTSource(wgrad._expert_wgrad_kernel, signature, constexprs, attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"]); f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-    return dict(wgmma_ir="warp_group_dot" in k.asm["ttgir"], hgmma=sass.count("HGMMA"),
-                usage=re.sub(r"\s+", " ", usage[usage.find("REG:"):]).strip(), smem=k.metadata.shared)
+    aligned = (set(ptrs) - set(descs)) | set(ints)
+    return compile_kernel(wgrad._expert_wgrad_kernel, {**ptrs, **ints}, constexprs, aligned, cfg.num_warps,
+                        cfg.num_stages)
 
 print(json.dumps({kind: compile_sm90(kind) for kind in ("w2", "w13")}))
 """

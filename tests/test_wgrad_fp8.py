@@ -316,10 +316,9 @@ def test_wgrad_fp8_qwen3_30b_layer():
 # In a fresh process: with TRITON_INTERPRET=1 in this one, triton's own library functions are interpreted
 # too, so a real compile cannot happen here (test_kernel_wgrad.py does the same for the bf16 kernel).
 _SM90_COMPILE = r"""
-import json, os, re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import compile_sm90 as compile_kernel  # the one sm_90 compile + SASS check
 from titan_megamoe.kernels import wgrad
 from titan_megamoe.kernels.configs import tile_config
 
@@ -337,21 +336,10 @@ def compile_sm90(kind):
                          "i32")
     constexprs = dict(DUAL=kind == "w13", EVEN_M=True, EVEN_N=True, OUT_BF16=True, TMA=cfg.tma, INTERPRET=False,
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_E=128)
-    signature = {**srcs, **ptrs, **ints, **dict.fromkeys(constexprs, "constexpr")}
+    signature = {**srcs, **ptrs, **ints}
     aligned = set(ptrs) | set(ints) - {"stride_sa", "stride_sb"} | (set() if cfg.tma else set(srcs))
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
-    src = ASTSource(wgrad._expert_wgrad_fp8_kernel, signature, constexprs, attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"]); f.flush()
-        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
-                               check=True).stdout
-    return dict(config=[bm, bn, cfg.num_warps, cfg.num_stages], wgmma_ir="warp_group_dot" in k.asm["ttgir"],
-                qgmma=sass.count("QGMMA"),
-                usage=re.sub(r"\s+", " ", usage[usage.find("REG:"):]).strip(), smem=k.metadata.shared)
+    res = compile_kernel(wgrad._expert_wgrad_fp8_kernel, signature, constexprs, aligned, cfg.num_warps, cfg.num_stages)
+    return dict(config=[bm, bn, cfg.num_warps, cfg.num_stages], **res)
 
 print(json.dumps({kind: compile_sm90(kind) for kind in ("w2", "w13")}))
 """
