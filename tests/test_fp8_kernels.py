@@ -6,6 +6,8 @@ most 2x the emulation's. On CPU the kernels run in Triton's interpreter at small
 same tests compile them, and the GPU-only cases below run real Qwen3 shapes.
 """
 
+import gc
+
 import pytest
 import torch
 
@@ -34,7 +36,7 @@ def _emulated(precision):
 
 
 def _check(case, precision, T, D, factor=2.0):
-    dout = torch.randn(T, D, device=DEVICE, dtype=torch.bfloat16, generator=None)
+    dout = torch.randn(T, D, device=DEVICE, dtype=torch.bfloat16)
     ref64 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.float64), case, dout, torch.float64)
     emulated = forward_backward(_emulated(precision), case, dout)
     got = forward_backward(_fused(precision), case, dout)
@@ -113,8 +115,6 @@ def test_weight_update_in_place_requantizes():
     assert not torch.equal(flipped, first)
     assert torch.equal(flipped, expected)
     del w1, first, again, flipped
-    import gc
-
     gc.collect()
     # dropped with the weight (the other two stay alive in `case`)
     assert weight_cache.cached_count() == 2

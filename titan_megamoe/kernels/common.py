@@ -31,20 +31,17 @@ def mma(a, b, acc, INTERPRET: tl.constexpr):
 @triton.jit
 def cast_rne(x, dtype: tl.constexpr, INTERPRET: tl.constexpr):
     """fp32 -> dtype with round-to-nearest-even (what the GPU's cvt does)."""
-    if INTERPRET and x.dtype == tl.float32:  # (a tile already in dtype passes through)
-        if dtype == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            x = bits.to(tl.float32, bitcast=True)
-        elif dtype == tl.float8e4nv:
-            x = _rne_e4m3(x)
+    if INTERPRET and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
     return x.to(dtype)
 
 
 @triton.jit
 def _rne_e4m3(x):
-    """x (within +-448) rounded to the nearest e4m3 value, ties to even, still in fp32 (the interpreter's
-    cast truncates, and `to_e4m3` uses it on the GPU too): normals keep 3
+    """x (within +-448) rounded to the nearest e4m3 value, ties to even, still in fp32 (`to_e4m3` casts
+    the result, which is then exact; the interpreter's own cast truncates): normals keep 3
     mantissa bits; below e4m3's smallest normal 2^-6 values round to multiples of 2^-9, which adding and
     subtracting 1.5 * 2^14 does (fp32's spacing there is 2^-9)."""
     bits = x.to(tl.uint32, bitcast=True)

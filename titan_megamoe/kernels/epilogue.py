@@ -75,16 +75,21 @@ def store_token_tile(data_ptr, scale_ptr, val, tile, offs_n, n_ok, P, BLOCK_M: t
 
 
 @triton.jit
+def _dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: tl.constexpr):
+    """`_dswiglu_values` with dg, du and s*h rounded to bf16 (still in fp32): what the bf16 path stores,
+    and what the FP8 emulation quantizes."""
+    dg, du, hs, ds_part = _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s)
+    return (cast_rne(dg, tl.bfloat16, INTERPRET).to(tl.float32), cast_rne(du, tl.bfloat16, INTERPRET).to(tl.float32),
+            cast_rne(hs, tl.bfloat16, INTERPRET).to(tl.float32), ds_part)
+
+
+@triton.jit
 def dswiglu_fp8(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, tile, P, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr,
                 hst_ptr, hst_s_ptr, BLOCK_M: tl.constexpr, INTERPRET: tl.constexpr):
-    """`dswiglu` for block FP8: dg, du and s*h are rounded to bf16 (what the bf16 path stores, and what
-    the emulation quantizes) and written in the token-tile layout of the weight-gradient GEMMs; dg and
-    du are returned (bf16 values in fp32) for the caller's 1x128 row quantization (dx's operands), with
-    this block's share of ds."""
-    dg, du, hs, ds_part = _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s)
-    dg = cast_rne(dg, tl.bfloat16, INTERPRET).to(tl.float32)
-    du = cast_rne(du, tl.bfloat16, INTERPRET).to(tl.float32)
-    hs = cast_rne(hs, tl.bfloat16, INTERPRET).to(tl.float32)
+    """`dswiglu` for block FP8: dg, du and s*h (bf16 values) written in the token-tile layout of the
+    weight-gradient GEMMs; dg and du are returned for the caller's 1x128 row quantization (dx's
+    operands), with this block's share of ds."""
+    dg, du, hs, ds_part = _dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
     n_ok = offs_n < H
     store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK_M, INTERPRET)
     store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK_M, INTERPRET)
@@ -94,9 +99,9 @@ def dswiglu_fp8(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, tile, P, dgt_ptr, d
 
 @triton.jit
 def dswiglu_rows_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: tl.constexpr):
-    """(dg, du) of `dswiglu_fp8` again, rounded to bf16 (in fp32), without its stores."""
-    dg, du, _, _ = _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s)
-    return (cast_rne(dg, tl.bfloat16, INTERPRET).to(tl.float32), cast_rne(du, tl.bfloat16, INTERPRET).to(tl.float32))
+    """(dg, du) of `dswiglu_fp8` again, without its stores (dgrad recomputes them rather than hold them)."""
+    dg, du, _, _ = _dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+    return dg, du
 
 
 @triton.jit

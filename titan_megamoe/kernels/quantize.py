@@ -236,10 +236,15 @@ def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: b
     token dimension contiguous (K-major for the MMA). One program gathers one tile's 128 rows for 128
     columns (masked: no copy of the sorted rows is made), takes each column's amax over the rows and
     writes the block transposed."""
-    where = "quantize_token_tiles"
+    K = _check_gathered("quantize_token_tiles", src_RC, plan, sorted_rows, tiles=True)
+    return _gathered(src_RC, plan, K, sorted_rows, tiles=True, rows=False)[0]
+
+
+def _check_gathered(where: str, src_RC, plan: RoutingPlan, sorted_rows: bool, tiles: bool) -> int:
+    """The checks both gathering quantizers share; returns the source rows per plan row's token (K)."""
     _check_input(where, src_RC, (2,), "2-D rows [R, C]")
     bm = plan.layout.block_m
-    if bm != quant.TOKEN_BLOCK[0]:
+    if tiles and bm != quant.TOKEN_BLOCK[0]:
         raise ValueError(f"{where}: the plan's tiles must be {quant.TOKEN_BLOCK[0]} rows (one token block), got "
                          f"block_m={bm}; build the plan with block_m={quant.TOKEN_BLOCK[0]}")
     K = 1 if sorted_rows else plan.rows_per_token
@@ -249,7 +254,7 @@ def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: b
         raise ValueError(f"{where}: src_RC has {src_RC.shape[0]} rows but the plan needs {expected}")
     if plan.packed.device != src_RC.device:
         raise ValueError(f"{where}: the plan is on {plan.packed.device} but src_RC on {src_RC.device}")
-    return _gathered(src_RC, plan, K, sorted_rows, tiles=True, rows=False)[0]
+    return K
 
 
 def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool, rows: bool):
@@ -281,11 +286,8 @@ def quantize_sorted_rows(src_RC: torch.Tensor, plan: RoutingPlan, with_tiles: bo
     order. With `with_tiles` also `quantize_token_tiles(src_RC, plan)` from the same read: returns
     (rows, tiles). Why: a GEMM whose rows are contiguous in sorted order reads them through TMA, where a
     gathered FP8 tile costs 64 address registers per thread (the gathering GEMM1 and dgrad spilled)."""
-    _check_input("quantize_sorted_rows", src_RC, (2,), "2-D rows [R, C]")
+    K = _check_gathered("quantize_sorted_rows", src_RC, plan, False, tiles=with_tiles)
     check_multiple_of(f"quantize_sorted_rows: shape {tuple(src_RC.shape)}", {"C (columns)": src_RC.shape[1]}, BLOCK,
                       _HINT)
-    if src_RC.shape[0] * plan.rows_per_token != plan.num_rows:
-        raise ValueError(f"quantize_sorted_rows: src_RC has {src_RC.shape[0]} rows but the plan needs "
-                         f"{plan.num_rows} / {plan.rows_per_token}")
-    tiles, rows = _gathered(src_RC, plan, plan.rows_per_token, False, tiles=with_tiles, rows=True)
+    tiles, rows = _gathered(src_RC, plan, K, False, tiles=with_tiles, rows=True)
     return (rows, tiles) if with_tiles else rows

@@ -6,8 +6,8 @@ K-major operands only). Quantizing costs a read of the bf16 weight and 2 bytes p
 (about 0.3 ms per layer at Qwen3-30B-A3B's shapes on an H200), so a forward and its backward share one
 copy:
 
-- an entry is valid while the weight is the same live tensor (a weak reference, checked by identity of
-  its TensorImpl), at the same storage address and the same version counter. In-place updates (the
+- an entry is valid while the weight is the same live tensor (keyed by its TensorImpl, dropped by a weak
+  reference's callback when the tensor dies), at the same storage address and the same version counter. In-place updates (the
   optimizer's step, `copy_`, FSDP's all-gather into the unsharded parameter) bump the version, so the
   next forward re-quantizes; no host sync and no comparison of values is involved;
 - the backward releases the entry once it has used it (`release`), so between steps, and under FSDP
@@ -51,7 +51,8 @@ def quantized(w: torch.Tensor) -> QuantizedWeight:
     """The block-FP8 copies of w, from the cache when w has not changed since they were made."""
     key = _key(w)
     entry = _cache.get(key)
-    if (entry is not None and entry.ref() is not None and _key(entry.ref()) == key
+    # a dead weight's entry is gone (the weak reference's callback); a live one's TensorImpl is w's
+    if (entry is not None and entry.ref() is not None
             and entry.version == w._version and entry.data_ptr == w.data_ptr()):
         return entry.quantized
     with torch.no_grad():
