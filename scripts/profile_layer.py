@@ -7,11 +7,13 @@ enqueue one call (no sync), and the GPU's idle gaps inside one call with the ker
 launch-bound stretches show up as such.
 
     python scripts/profile_layer.py --cases 30b-16k 30b-4k
+    python scripts/profile_layer.py --cases 30b-16k --precision bf16,fp8 --no-stock
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -90,12 +92,19 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--timeline", action="store_true", help="list every kernel of one call in launch order")
+    ap.add_argument("--precision", default="bf16", help="comma-separated precisions of the fused arm")
+    ap.add_argument("--no-stock", action="store_true", help="profile the fused arms only")
     a = ap.parse_args()
     for name in a.cases:
         stock, fused, x = build_layers(*CASES[name])
         dout = torch.randn_like(x)
         x_req = x.detach().requires_grad_(True)
-        for arm, layer in (("stock", stock), ("fused", fused)):
+        arms = [] if a.no_stock else [("stock", stock)]
+        for p in a.precision.split(","):
+            layer = copy.deepcopy(fused)
+            layer.experts.precision = p
+            arms.append((f"fused {p}", layer))
+        for arm, layer in arms:
             for kind, fn in (("fwd", lambda: layer(x_req)), ("fwd+bwd", lambda: run_fwd_bwd(layer, x, dout))):
                 enq, wall = host_enqueue_ms(fn, 10)
                 print(f"== {name} {arm} {kind}: host enqueue {enq:.3f} ms/call, wall {wall:.3f} ms/call")

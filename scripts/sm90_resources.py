@@ -2,7 +2,7 @@
 count in the SASS (QGMMA: FP8, HGMMA: bf16), with Triton's bundled ptxas and cuobjdump: no GPU needed.
 
     env -u TRITON_INTERPRET python scripts/sm90_resources.py            # every row of docs/kernels.md
-    env -u TRITON_INTERPRET python scripts/sm90_resources.py "dgrad shipped"
+    env -u TRITON_INTERPRET python scripts/sm90_resources.py "dgrad q 128"
 
 `compile_sm90` is also what the weight-gradient tests use (tests/test_kernel_wgrad.py, test_wgrad_fp8.py)
 to check the shipped configs. Run it without TRITON_INTERPRET: under the interpreter triton's own
@@ -59,51 +59,57 @@ def _row_kernel(fn, signature, constexprs, num_warps=8, num_stages=3):
     return compile_sm90(fn, signature, {**constexprs, "INTERPRET": False}, aligned, num_warps, num_stages)
 
 
-def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True):
+def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 128, num_warps: int = 8):
     from titan_megamoe.kernels.gemm1_swiglu import _gemm1_swiglu_kernel
 
     w = _fp8_desc(block_n) if w_tma else "*fp8e4nv"
-    sig = {"x_ptr": _fp8_desc(128) if a_tma else "*fp8e4nv", "w1_ptr": w, "w3_ptr": w, **PLAN,
+    sig = {"x_ptr": _fp8_desc(block_m) if a_tma else "*fp8e4nv", "w1_ptr": w, "w3_ptr": w, **PLAN,
            **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv", **_types("xs_ptr w1s_ptr w3s_ptr hs_ptr", "*fp32"),
            **_types("D H rows_per_token stride_xt stride_we stride_wh", "i32")}
-    return _row_kernel(_gemm1_swiglu_kernel, sig, dict(BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=128, A_TMA=a_tma,
-                                                       W_TMA=w_tma, FP8=True))
+    return _row_kernel(_gemm1_swiglu_kernel, sig, dict(BLOCK_M=block_m, SUB_TILES=128 // block_m, BLOCK_N=block_n,
+                                                       BLOCK_K=128, A_TMA=a_tma, W_TMA=w_tma, FP8=True), num_warps)
 
 
-def grouped_gemm(block_n: int, two_pairs: bool):
+def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: int = 8, sorted_out: bool = False):
+    """The FP8 row-tiled GEMM: GEMM2, dx (`two_pairs`) or dgrad's q (`sorted_out`)."""
     from titan_megamoe.kernels.grouped_gemm import _grouped_gemm_kernel
 
-    sig = {"a1_ptr": _fp8_desc(128), "b1_ptr": _fp8_desc(block_n), "a2_ptr": _fp8_desc(128),
+    sig = {"a1_ptr": _fp8_desc(block_m), "b1_ptr": _fp8_desc(block_n), "a2_ptr": _fp8_desc(block_m),
            "b2_ptr": _fp8_desc(block_n), **PLAN, "out_ptr": "*bf16", **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"),
            **_types("KD ND stride_be stride_bk stride_bn", "i32")}
     return _row_kernel(_grouped_gemm_kernel, sig, dict(TWO_PAIRS=two_pairs, TMA=True, B_TRANS=True, WS=False,
-                                                       BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=128, FP8=True))
+                                                       SORTED_OUT=sorted_out, BLOCK_M=block_m,
+                                                       SUB_TILES=128 // block_m, BLOCK_N=block_n, BLOCK_K=128,
+                                                       FP8=True), num_warps)
 
 
-def dgrad(tma: bool = True, store_q: bool = False):
-    """The FP8 dgrad kernel; `store_q`: with the split-mode store instead of the FP8 epilogue (what the
-    main loop alone costs)."""
-    from titan_megamoe.kernels.dgrad_swiglu import _dgrad_swiglu_kernel
+def dswiglu_fp8(num_warps: int, halves: bool = False):
+    """Block-FP8 dgrad's elementwise half: dSwiGLU and the quantization of dg, du (rows, token tiles), s*h."""
+    from titan_megamoe.kernels.dgrad_swiglu import _dswiglu_fp8_kernel
 
-    out = "*bf16" if store_q else "*fp8e4nv"
-    sig = {"dout_ptr": _fp8_desc(128) if tma else "*fp8e4nv", "w2_ptr": _fp8_desc(64) if tma else "*fp8e4nv",
-           **_types("g_ptr u_ptr", "*bf16"), "scores_ptr": "*fp32", **PLAN, **_types("dg_ptr du_ptr hs_ptr", out),
-           "ds_part_ptr": "*fp32", **_types("douts_ptr w2s_ptr dgs_ptr dus_ptr", "*fp32"),
-           "dgt_ptr": "*fp8e4nv", "dgt_s_ptr": "*fp32", "dut_ptr": "*fp8e4nv", "dut_s_ptr": "*fp32",
-           "hst_ptr": "*fp8e4nv", "hst_s_ptr": "*fp32",
-           **_types("P D H rows_per_token stride_dt stride_we stride_wk stride_wn", "i32")}
-    return _row_kernel(_dgrad_swiglu_kernel, sig, dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128, STORE_Q=store_q,
-                                                       A_TMA=tma, B_TMA=tma, FP8=True))
+    sig = {**_types("q_ptr g_ptr u_ptr", "*bf16"), "scores_ptr": "*fp32", **PLAN,
+           **{n: ("*fp8e4nv" if i % 2 == 0 else "*fp32") for i, n in enumerate(
+               "dg_ptr dg_s_ptr du_ptr du_s_ptr dgt_ptr dgt_s_ptr dut_ptr dut_s_ptr hst_ptr hst_s_ptr".split())},
+           "ds_part_ptr": "*fp32", **_types("H P", "i32")}
+    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
+    return compile_sm90(_dswiglu_fp8_kernel, sig, dict(BLOCK=128, HALVES=halves, INTERPRET=False), aligned,
+                        num_warps, 1)
 
 
 JOBS = {
     "gemm1 shipped 2x64 halves": lambda: gemm1(64),
+    "gemm1 64 rows 4 warps": lambda: gemm1(64, block_m=64, num_warps=4),
     "gemm2 first version 256": lambda: grouped_gemm(256, False),
     "gemm2 shipped 128": lambda: grouped_gemm(128, False),
+    "gemm2 64 rows 4 warps": lambda: grouped_gemm(128, False, block_m=64, num_warps=4),
     "dx shipped 128": lambda: grouped_gemm(128, True),
-    "dgrad gathered x": lambda: dgrad(tma=False),
-    "dgrad shipped": lambda: dgrad(),
-    "dgrad main loop only": lambda: dgrad(store_q=True),
+    "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
+    "dgrad q 128": lambda: grouped_gemm(128, False, sorted_out=True),
+    "dgrad q 64 rows 4 warps": lambda: grouped_gemm(128, False, block_m=64, num_warps=4, sorted_out=True),
+    "dswiglu fp8 8 warps": lambda: dswiglu_fp8(8),
+    "dswiglu fp8 16 warps": lambda: dswiglu_fp8(16),
+    "dswiglu fp8 halves 8 warps": lambda: dswiglu_fp8(8, halves=True),
+    "dswiglu fp8 halves 4 warps": lambda: dswiglu_fp8(4, halves=True),
 }
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Times every candidate of every kernel in isolation on one shape with random top-
 "DxH". Run it in small batches (--kernels) inside a time limit: each candidate compiles once.
 
     python scripts/tune_kernels.py --shape 2048 768 128 8 16384 --write
+    python scripts/tune_kernels.py --precision fp8 --shape 2048 768 128 8 16384 --write   # block FP8
     python scripts/tune_kernels.py --merge docs/results/tune_4096x1536_*.json   # table from a recorded run
 """
 
@@ -16,6 +17,7 @@ import datetime as dt
 import json
 import os
 import time
+from dataclasses import replace
 
 import torch
 import triton
@@ -26,9 +28,10 @@ from titan_megamoe.kernels import configs
 from titan_megamoe.kernels.configs import TileConfig, override_tile_config
 from titan_megamoe.kernels.dgrad_swiglu import dgrad_swiglu
 from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
-from titan_megamoe.kernels.grouped_gemm import expert_down_proj, expert_input_grad
+from titan_megamoe.kernels.grouped_gemm import expert_down_proj, expert_h_grad, expert_input_grad
+from titan_megamoe.kernels.quantize import quantize_sorted_rows, quantize_token_tiles, quantize_weight_pair
 from titan_megamoe.kernels.routing_meta import build_routing_plan
-from titan_megamoe.kernels.wgrad import expert_wgrad_w2, expert_wgrad_w13
+from titan_megamoe.kernels.wgrad import expert_wgrad_w2, expert_wgrad_w2_fp8, expert_wgrad_w13, expert_wgrad_w13_fp8
 
 M = configs.ROW_BLOCK_M
 T_ = dict(tma=True)
@@ -63,6 +66,26 @@ CANDIDATES["dx"] = CANDIDATES["gemm2"][:6] + [C(M, 256, 32, 8, 4, **T_), C(M, 25
                                               C(M, 256, 32, 8, 4, **WS)]
 CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"]
 
+# block FP8: BLOCK_K is one 128-wide scale block. The block-scaled main loop waits for each K block's MMA
+# before scaling it into the accumulator, so a program's tensor cores idle during that step; programs of
+# one warpgroup (64 rows, 4 warps) hold half the registers, and several of them per multiprocessor cover
+# each other's scaling steps. Row kernels: 64-row halves of the plan's tiles against whole 128-row tiles.
+# GEMM1 always covers 2 x 64 columns (one scale block of h); dgrad_swiglu is its GEMM (q, stored sorted)
+F = configs.FP8_BLOCK
+_FP8_ROWS = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F, 4, 5, **T_), C(64, 256, F, 8, 3, **T_),
+             C(M, 128, F, 8, 3, **T_), C(M, 128, F, 8, 4, **T_)]
+_FP8_WGRAD = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F, 4, 5, **T_), C(64, 256, F, 8, 3, **T_),
+              C(128, 128, F, 8, 3, **T_), C(128, 128, F, 8, 4, **T_)]
+CANDIDATES_FP8 = {
+    "gemm1_swiglu": [C(64, 64, F, 4, 3, **T_), C(64, 64, F, 4, 4, **T_), C(64, 64, F, 4, 5, **T_),
+                     C(M, 64, F, 8, 3, **T_), C(M, 64, F, 8, 4, **T_)],
+    "gemm2": _FP8_ROWS + [C(64, 128, F, 4, 4, **WS), C(M, 128, F, 8, 3, **WS)],
+    "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS],
+    "dx": _FP8_ROWS + [C(64, 128, F, 4, 4, **WS), C(M, 128, F, 8, 3, **WS)],
+    "wgrad_w2": _FP8_WGRAD,
+    "wgrad_w13": _FP8_WGRAD,
+}
+
 
 def make_problem(D, H, E, K, T, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -79,6 +102,32 @@ def make_problem(D, H, E, K, T, seed=0):
     dg, du, hs, _ = dgrad_swiglu(dout, w2, g_, u, scores.reshape(-1), plan, "bf16")
     return dict(x=x, w1=w1, w2=w2, w3=w3, plan=plan, g=g_, u=u, h=h, dout=dout, dg=dg, du=du, hs=hs,
                 s=scores.reshape(-1))
+
+
+def make_problem_fp8(D, H, E, K, T, seed=0):
+    """The block-FP8 operands of every kernel, made by the kernels that make them in training."""
+    p = make_problem(D, H, E, K, T, seed)
+    plan, bf = p["plan"], torch.bfloat16
+    w1q, w2q, w3q = (quantize_weight_pair(p[n]) for n in ("w1", "w2", "w3"))
+    x_rows = quantize_sorted_rows(p["x"], plan)
+    _, _, h = gemm1_swiglu(x_rows, w1q[0], w3q[0], plan, bf, "fp8", sorted_rows=True)
+    dout_rows, dout_tiles = quantize_sorted_rows(p["dout"], plan, with_tiles=True)
+    dg, du, (dg_t, du_t, hs_t), _ = dgrad_swiglu(dout_rows, w2q[1], p["g"], p["u"], p["s"], plan, "fp8")
+    return dict(plan=plan, w1=w1q, w2=w2q, w3=w3q, x_rows=x_rows, h=h, dout_rows=dout_rows, dg=dg, du=du,
+                dout_tiles=dout_tiles, dg_tiles=dg_t, du_tiles=du_t, hs_tiles=hs_t,
+                x_tiles=quantize_token_tiles(p["x"], plan))
+
+
+def kernel_call_fp8(kernel, p):
+    plan, bf = p["plan"], torch.bfloat16
+    return {
+        "gemm1_swiglu": lambda: gemm1_swiglu(p["x_rows"], p["w1"][0], p["w3"][0], plan, bf, "fp8", sorted_rows=True),
+        "gemm2": lambda: expert_down_proj(p["h"], p["w2"][0], plan, bf, "fp8"),
+        "dgrad_swiglu": lambda: expert_h_grad(p["dout_rows"], p["w2"][1], plan, bf, "fp8"),
+        "dx": lambda: expert_input_grad(p["dg"], p["du"], p["w1"][1], p["w3"][1], plan, bf, "fp8"),
+        "wgrad_w2": lambda: expert_wgrad_w2_fp8(p["dout_tiles"], p["hs_tiles"], plan, bf),
+        "wgrad_w13": lambda: expert_wgrad_w13_fp8(p["dg_tiles"], p["du_tiles"], p["x_tiles"], plan, bf),
+    }[kernel]
 
 
 def kernel_call(kernel, p):
@@ -136,6 +185,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", nargs=5, type=int, metavar=("D", "H", "E", "K", "T"), default=[2048, 768, 128, 8, 16384])
     ap.add_argument("--kernels", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
+                    help="the kernels' operand precision (fp8: block FP8, its own candidates and table entries)")
     ap.add_argument("--write", action="store_true", help="merge the winners into tuned_configs.json")
     ap.add_argument("--merge", nargs="+", metavar="RUN_JSON",
                     help="no GPU work: rebuild table entries from recorded runs (docs/results/tune_*.json)")
@@ -145,22 +196,24 @@ def main():
             merge_run(json.loads(open(path).read()))
         return
     D, H, E, K, T = a.shape
-    p = make_problem(D, H, E, K, T)
+    fp8 = a.precision == "fp8"
+    p = (make_problem_fp8 if fp8 else make_problem)(D, H, E, K, T)
+    candidates, call = (CANDIDATES_FP8, kernel_call_fp8) if fp8 else (CANDIDATES, kernel_call)
     nflop = T * K * D * H
     key = f"{D}x{H}"
     commit = git_commit()
     every = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "shape": a.shape,
-             "precision": "bf16", "commit": commit and commit["commit"], "runs": []}
+             "precision": a.precision, "commit": commit and commit["commit"], "runs": []}
     for kernel in a.kernels:
         results = []
         first_outs = None
-        for cfg in CANDIDATES[kernel]:
+        for cfg in candidates[kernel]:
             cand = cfg.to_record()
             t0 = time.time()
             try:
                 with override_tile_config(kernel, cfg):
-                    ms, outs = bench(kernel_call(kernel, p))
+                    ms, outs = bench(call(kernel, p))
             except Exception as e:  # a config can exceed shared memory or registers: skip it, say so
                 print(f"  {kernel} {cand}: failed ({type(e).__name__}: {str(e)[:80]})", flush=True)
                 continue
@@ -179,7 +232,8 @@ def main():
     if a.write:
         merge_run(every)
         os.makedirs("docs/results", exist_ok=True)
-        path = f"docs/results/tune_{key}_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
+        tag = key if not fp8 else f"{key}_fp8"
+        path = f"docs/results/tune_{tag}_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
         with open(path, "w") as f:
             json.dump(every, f, indent=1)
         print(f"wrote {path} (every candidate)")

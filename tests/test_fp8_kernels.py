@@ -159,3 +159,41 @@ def test_fp8_forward_bitwise_reproducible():
         a = titan_megamoe.moe(*case.inputs(), precision="fp8", backend="triton")
         b = titan_megamoe.moe(*case.inputs(), precision="fp8", backend="triton")
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("halves", [False, True])
+def test_fp8_dswiglu_one_pass_and_halves_agree(monkeypatch, halves):
+    """Block-FP8 dgrad's elementwise kernel, in one 128-column pass or in two 64-column halves (the row
+    block's first half recomputed), writes the same bits as the other mode, on skewed rows with an
+    expert ending mid-tile (token-tile padding) and a tile past the real count."""
+    from titan_megamoe.kernels import dgrad_swiglu as dg_mod
+    from titan_megamoe.kernels.quantize import quantize_sorted_rows
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    T, D, H, E, K = 150, 128, 256, 3, 2
+    case = make_case(T, D, H, E, K, "skewed", device=DEVICE, seed=21)
+    plan = build_routing_plan(case.ids, E, 128)
+    gen = torch.Generator().manual_seed(22)
+    g, u = (torch.randn(plan.num_rows, H, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
+    dout = quantize_sorted_rows(torch.randn(T, D, generator=gen).to(DEVICE, torch.bfloat16), plan)
+    w2t = weight_cache.quantized(case.w2).wt
+    weight_cache.release(case.w2)
+    scores = case.scores.reshape(-1).float()
+
+    def run(mode):
+        monkeypatch.setattr(dg_mod, "_FP8_DSWIGLU", dict(HALVES=mode, num_warps=8 if GPU else 4))
+        dg, du, tiles, ds = dg_mod.dgrad_swiglu(dout, w2t, g, u, scores, plan, "fp8")
+        return [dg.data, dg.scale, du.data, du.scale, ds] + [x for t in tiles for x in (t.data, t.scale)]
+
+    got, other = run(halves), run(not halves)
+    ds, ds_other = got.pop(4), other.pop(4)  # sums over the columns: only their order differs
+    torch.testing.assert_close(ds, ds_other, rtol=1e-5, atol=1e-5)
+    P = plan.layout.num_tiles * 128
+    real_cols = int(plan.tile_expert.ge(0).sum()) * 128  # spare tiles are never read (nor written)
+    for i, (a, b) in enumerate(zip(got, other)):
+        if a.shape[-1] == P:  # token-tile data: compare the real tiles' columns
+            a, b = a[:, :real_cols], b[:, :real_cols]
+        elif a.dim() == 2 and a.shape[-1] == P // 128:
+            a, b = a[:, :real_cols // 128], b[:, :real_cols // 128]
+        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b), i

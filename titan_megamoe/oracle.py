@@ -171,8 +171,8 @@ def _grouped_atb(a_NM: torch.Tensor, b_NK: torch.Tensor, offsets_E1: torch.Tenso
 # The kernels' arithmetic in fp32, with quantize -> dequantize (quant.py) at every GEMM input. A GEMM of
 # quantized operands is then exact products of exactly dequantized values, accumulated in fp32: what a
 # block-scaled MMA computes, up to the order of its fp32 sums. Rounding points are the kernels' stores:
-# g, u, h, y, dg, du, s*h and the dx rows in bf16 (Recipe.activation); q (dgrad's GEMM, fused dgrad) and
-# ds stay fp32; the combine sums in fp32. Blocks per GEMM (reduction dimension in brackets):
+# g, u, h, y, q (dgrad's GEMM, stored for the split dSwiGLU), dg, du, s*h and the dx rows in bf16
+# (Recipe.activation); ds stays fp32; the combine sums in fp32. Blocks per GEMM (reduction dimension in brackets):
 #   GEMM1  x rows (1x128 along D)  @ W1^T, W3^T (128x128)     [D]
 #   GEMM2  h (1x128 along H)       @ W2^T (128x128)           [H]
 #   dgrad  dout rows (1x128 along D) @ W2 (the same copy)     [D]
@@ -293,7 +293,7 @@ def _fp8_backward(dout_TD, x_TD, plan: RoutingPlan, scores_TK, w1_EHD, w2_EDH, w
     ds_N = torch.zeros_like(s_N)
     dw1, dw2, dw3 = (torch.zeros_like(w, dtype=torch.float32) for w in (w1_EHD, w2_EDH, w3_EHD))
     for e, a, b in _segments(plan):
-        q_nH = _fake_quant(dy_ND[a:b], quantize_activation, fp8) @ w2q[e]  # dgrad: 1x128 along D
+        q_nH = _bf16(_fake_quant(dy_ND[a:b], quantize_activation, fp8) @ w2q[e])  # dgrad: 1x128 along D
         dg, du, hs, ds_N[a:b] = _dswiglu(q_nH, g_NH[a:b], u_NH[a:b], s_N[a:b])
         # dx rows: both products in one fp32 accumulator, stored once in bf16
         dx_ND[a:b] = _bf16(_fake_quant(dg, quantize_activation, fp8) @ w1q[e]

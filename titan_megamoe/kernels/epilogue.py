@@ -75,40 +75,27 @@ def store_token_tile(data_ptr, scale_ptr, val, tile, offs_n, n_ok, P, BLOCK_M: t
 
 
 @triton.jit
-def _dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: tl.constexpr):
+def dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: tl.constexpr):
     """`_dswiglu_values` with dg, du and s*h rounded to bf16 (still in fp32): what the bf16 path stores,
-    and what the FP8 emulation quantizes."""
+    and what block FP8 quantizes (as the emulation does)."""
     dg, du, hs, ds_part = _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s)
     return (cast_rne(dg, tl.bfloat16, INTERPRET).to(tl.float32), cast_rne(du, tl.bfloat16, INTERPRET).to(tl.float32),
             cast_rne(hs, tl.bfloat16, INTERPRET).to(tl.float32), ds_part)
 
 
 @triton.jit
-def dswiglu_fp8(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, tile, P, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr,
-                hst_ptr, hst_s_ptr, BLOCK_M: tl.constexpr, INTERPRET: tl.constexpr):
-    """`dswiglu` for block FP8: dg, du and s*h (bf16 values) written in the token-tile layout of the
-    weight-gradient GEMMs; dg and du are returned for the caller's 1x128 row quantization (dx's
-    operands), with this block's share of ds."""
-    dg, du, hs, ds_part = _dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
-    n_ok = offs_n < H
-    store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK_M, INTERPRET)
-    store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK_M, INTERPRET)
-    store_token_tile(dut_ptr, dut_s_ptr, du, tile, offs_n, n_ok, P, BLOCK_M, INTERPRET)
-    return dg, du, ds_part
-
-
-@triton.jit
-def dswiglu_rows_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: tl.constexpr):
-    """(dg, du) of `dswiglu_fp8` again, without its stores (dgrad recomputes them rather than hold them)."""
-    dg, du, _, _ = _dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
-    return dg, du
-
-
-@triton.jit
-def store_rows_fp8(data_ptr, scale_ptr, v0, v1, rows, row_ok, offs_n0, offs_n1, H, block, INTERPRET: tl.constexpr):
-    """Quantize two column halves [BLOCK_M, 64] of one 128-wide block of rows (1x128 scales, [N, H/128])."""
-    amax = tl.maximum(tl.max(tl.abs(v0), axis=1), tl.max(tl.abs(v1), axis=1))
+def store_rows_fp8(data_ptr, scale_ptr, v0, rows, row_ok, offs_n0, H, block, INTERPRET: tl.constexpr,
+                   v1=None, offs_n1=None, amax0=None):
+    """Quantize one 128-wide block of rows (1x128 scales, [N, H/128]): the tile v0 [BLOCK_M, 128], or its
+    two column halves v0, v1 [BLOCK_M, 64] at offs_n0, offs_n1. `amax0`: the row maxima of v0 if the
+    caller has them already."""
+    if amax0 is None:
+        amax0 = tl.max(tl.abs(v0), axis=1)
+    amax = amax0
+    if v1 is not None:
+        amax = tl.maximum(amax, tl.max(tl.abs(v1), axis=1))
     scale, inv = e4m3_scale(amax)
     store_sorted(data_ptr, to_e4m3(v0, inv[:, None], INTERPRET), rows, row_ok, offs_n0, offs_n0 < H, H, INTERPRET)
-    store_sorted(data_ptr, to_e4m3(v1, inv[:, None], INTERPRET), rows, row_ok, offs_n1, offs_n1 < H, H, INTERPRET)
+    if v1 is not None:
+        store_sorted(data_ptr, to_e4m3(v1, inv[:, None], INTERPRET), rows, row_ok, offs_n1, offs_n1 < H, H, INTERPRET)
     tl.store(scale_ptr + rows.to(tl.int64) * (H // 128) + block, scale, mask=row_ok)

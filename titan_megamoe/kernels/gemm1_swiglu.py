@@ -26,8 +26,8 @@ import torch
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, cast_rne, e4m3_scale, matrix_descriptor, new_output, tma_ok, to_e4m3
-from .configs import tile_config
+from .common import INTERPRET, cast_rne, matrix_descriptor, new_output, tma_ok
+from .configs import programs_per_plan_tile, tile_config
 from .epilogue import store_rows_fp8, store_sorted, swiglu
 from .mainloop import row_mainloop
 from .schedule import row_tile
@@ -64,8 +64,8 @@ def _gemm1_swiglu_kernel(
     xs_ptr, w1s_ptr, w3s_ptr, hs_ptr,  # FP8 scales: x [rows, D/128], w [E, H/128, D/128]; h [N, H/128] out
     D, H, rows_per_token,
     stride_xt, stride_we, stride_wh,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    FP8: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_TMA: tl.constexpr, W_TMA: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # FP8: a program covers 2 x BLOCK_N = 128 columns (one scale block of h) in two passes over D, one
     # 64-wide half at a time: a block-scaled main loop holds each MMA's partial product beside its
@@ -76,7 +76,7 @@ def _gemm1_swiglu_kernel(
         span = BLOCK_N
     num_n = tl.cdiv(H, span)
     expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                 BLOCK_M)
+                                                 BLOCK_M, SUB_TILES)
     if expert < 0:
         return
     if A_TMA:  # x already in sorted order (FP8: quantize_sorted_rows), read as contiguous rows
@@ -99,7 +99,7 @@ def _gemm1_swiglu_kernel(
         # h rounded to bf16 first (the value the emulation quantizes), then one scale per row
         h0 = cast_rne(h0, tl.bfloat16, INTERPRET).to(tl.float32)
         h1 = cast_rne(swiglu(g1, u1), tl.bfloat16, INTERPRET).to(tl.float32)
-        store_rows_fp8(h_ptr, hs_ptr, h0, h1, rows, row_ok, offs_n0, offs_n1, H, pid_n, INTERPRET)
+        store_rows_fp8(h_ptr, hs_ptr, h0, rows, row_ok, offs_n0, H, pid_n, INTERPRET, h1, offs_n1)
     else:
         store_sorted(h_ptr, h0, rows, row_ok, offs_n0, offs_n0 < H, H, INTERPRET)
 
@@ -122,7 +122,8 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     h_out = BlockScaled(h, h_scale, (1, 128)) if fp8 else h
     if fp8:
         assert 2 * cfg.block_n == cfg.block_k == 128, "block FP8 GEMM1: 2 x 64 columns (one scale block of h), K 128"
-    grid = (plan.layout.num_tiles * triton.cdiv(H, cfg.block_n * (2 if fp8 else 1)),)
+    sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
+    grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(H, cfg.block_n * (2 if fp8 else 1)),)
     if grid[0] == 0:
         return g, u, h_out
     w1_t, w3_t = w1, w3
@@ -132,11 +133,11 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     scales = (x_RD.scale, w1_EHD.scale, w3_EHD.scale, h_scale) if fp8 else (x, x, x, x)
     a_tma = sorted_rows
     assert not sorted_rows or tma_ok(x), "sorted rows are read through TMA: contiguous, 16-byte aligned rows"
-    x_in = matrix_descriptor(x, [plan.layout.block_m, cfg.block_k]) if a_tma else x
+    x_in = matrix_descriptor(x, [cfg.block_m, cfg.block_k]) if a_tma else x
     _gemm1_swiglu_kernel[grid](
         x_in, w1_t, w3_t, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, g, u, h, *scales,
         D, H, plan.rows_per_token, x.stride(0), w1.stride(0), w1.stride(1),
-        BLOCK_M=plan.layout.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, A_TMA=a_tma, W_TMA=use_tma, FP8=fp8,
+        BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, A_TMA=a_tma, W_TMA=use_tma, FP8=fp8,
         INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return g, u, h_out

@@ -2,9 +2,10 @@
 
     out[order(p)] = A1_p B1_e (+ A2_p B2_e)
 
-Serves two passes with the weight layout given by strides:
+Serves three passes with the weight layout given by strides:
   forward GEMM2:  y_n  = h_p W2_e^T              (one pair; B = W2_e read transposed)
   backward dx:    dx_n = dg_p W1_e + du_p W3_e   (two pairs sharing one accumulator)
+  block-FP8 dgrad: q_p = dout_p W2_e             (stored in sorted order: `dgrad_swiglu` continues from it)
 
 With `TileConfig.tma` both operands come through TMA descriptors: A is contiguous in sorted order (a tile
 is rows [tile_row, tile_row + BLOCK_M)) and B is the weight viewed as a matrix. Rows of a tile past its
@@ -24,8 +25,8 @@ import triton.language as tl
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import INTERPRET, matrix_descriptor, new_output, tma_ok
-from .configs import tile_config
-from .epilogue import scatter_routed
+from .configs import programs_per_plan_tile, tile_config
+from .epilogue import scatter_routed, store_sorted
 from .mainloop import row_mainloop
 from .schedule import row_tile
 
@@ -34,17 +35,17 @@ from .schedule import row_tile
 def _grouped_gemm_kernel(
     a1_ptr, b1_ptr, a2_ptr, b2_ptr,  # A: [N, KD] sorted rows; B: [E, ...] per expert
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-    out_ptr,  # [N, ND] routed-row order
+    out_ptr,  # [N, ND] routed-row order (SORTED_OUT: sorted order)
     a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,  # FP8 scales: A [N, KD/128], B [E, ND/128, KD/128]
     KD, ND,
     stride_be, stride_bk, stride_bn,
-    TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+    TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr, SORTED_OUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     num_n = tl.cdiv(ND, BLOCK_N)
     expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr,
-                                                 offsets_ptr, BLOCK_M)
+                                                 offsets_ptr, BLOCK_M, SUB_TILES)
     if expert < 0:
         return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -79,11 +80,14 @@ def _grouped_gemm_kernel(
                               BLOCK_K=BLOCK_K, INTERPRET=INTERPRET, a_scale=a2s_ptr, a_scale_off=a_scale_off,
                               b0_scale=b2s_ptr, b1_scale=b2s_ptr, b0_scale_off=b_scale_off,
                               b1_scale_off=b_scale_off, SCALED=FP8)
-    scatter_routed(out_ptr, acc, order_ptr, rows, row_ok, offs_n, n_ok, ND, INTERPRET)
+    if SORTED_OUT:
+        store_sorted(out_ptr, acc, rows, row_ok, offs_n, n_ok, ND, INTERPRET)
+    else:
+        scatter_routed(out_ptr, acc, order_ptr, rows, row_ok, offs_n, n_ok, ND, INTERPRET)
 
 
 def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPlan, dim, hidden, out_dtype,
-            precision):
+            precision, sorted_out=False):
     fp8 = isinstance(a1, BlockScaled)
     two_pairs = b2 is not None
     a2 = a2 if two_pairs else a1
@@ -94,22 +98,23 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     N, kd = a1.shape
     out = new_output((N, nd), out_dtype, a1.device)
     cfg = tile_config(kernel_name, dim, hidden, precision)
-    grid = (plan.layout.num_tiles * triton.cdiv(nd, cfg.block_n),)
+    sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
+    grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, cfg.block_n),)
     if grid[0] == 0:
         return out
     if fp8:
         assert b_trans and cfg.block_k == 128, "block FP8 takes K-major weights and 128-wide K blocks"
     use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(a1, a2, b1, b2)
     if use_tma:
-        a1, a2 = (matrix_descriptor(a, [plan.layout.block_m, cfg.block_k]) for a in (a1, a2))
+        a1, a2 = (matrix_descriptor(a, [cfg.block_m, cfg.block_k]) for a in (a1, a2))
         b_block = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
         b1, b2 = (matrix_descriptor(b, b_block) for b in (b1, b2))
     _grouped_gemm_kernel[grid](
         a1, b1, a2, b2,
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *(scales or [out] * 4), kd, nd,
         *b_strides,
-        TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize,
-        BLOCK_M=plan.layout.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP8=fp8, INTERPRET=INTERPRET,
+        TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize, SORTED_OUT=sorted_out,
+        BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP8=fp8, INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -125,6 +130,17 @@ def expert_down_proj(h_NH, w2_EDH, plan: RoutingPlan, out_dtype, precision: str)
     E, D, H = w2.shape
     strides = (w2.stride(0), w2.stride(2), w2.stride(1))  # B[k=h, n=d] = W2[e, d, h]
     return _launch("gemm2", h_NH, w2_EDH, None, None, strides, True, D, plan, D, H, out_dtype, precision)
+
+
+def expert_h_grad(dout_ND: BlockScaled, w2t_EHD: BlockScaled, plan: RoutingPlan, out_dtype, precision: str):
+    """Block-FP8 dgrad's GEMM: q_p = dout_p W2_e, [N, H] in out_dtype, sorted rows (the gradient of h
+    before the score; `dgrad_swiglu` takes it on). dout_ND: the plan's rows in sorted order, 1x128 along
+    D; w2t_EHD: the transposed copy W2^T [E, H, D] (K-major for the FP8 MMA)."""
+    w2t = w2t_EHD.data
+    E, H, D = w2t.shape
+    strides = (w2t.stride(0), w2t.stride(2), w2t.stride(1))  # B[k=d, n=h] = W2^T[e, h, d]
+    return _launch("dgrad_swiglu", dout_ND, w2t_EHD, None, None, strides, True, H, plan, D, H, out_dtype, precision,
+                   sorted_out=True)
 
 
 def expert_input_grad(dg_NH, du_NH, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: str):

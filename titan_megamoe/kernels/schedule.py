@@ -10,18 +10,26 @@ import triton
 
 
 @triton.jit
-def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl.constexpr):
+def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl.constexpr,
+             SUB_TILES: tl.constexpr = 1):
     """The work of program `pid` in a row-tiled kernel: (expert, N-tile, first sorted row, sorted rows,
     row mask).
 
-    N-tiles vary fastest, so consecutive programs reuse the same gathered rows from L2. expert < 0 marks
-    a tile past the real count (the grid is sized at the host-known bound): the caller returns at once.
+    A program covers BLOCK_M rows: a whole plan tile (SUB_TILES = 1) or one of its SUB_TILES equal
+    parts (plan block_m = SUB_TILES * BLOCK_M). Smaller programs let several share a multiprocessor,
+    which is how block FP8 hides each K block's scaling (a program's MMA waits for it) behind another
+    program's MMAs. N-tiles vary fastest, so consecutive programs reuse the same rows from L2.
+    expert < 0 marks nothing to do: a tile past the real count (the grid is sized at the host-known
+    bound) or a part past its expert's last row; the caller returns at once.
     """
     pid_m = pid // num_n
     pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
-    row_start = tl.load(tile_row_ptr + pid_m)
+    tile = pid_m // SUB_TILES
+    expert = tl.load(tile_expert_ptr + tile)
+    row_start = tl.load(tile_row_ptr + tile) + (pid_m % SUB_TILES) * BLOCK_M
     row_end = tl.load(offsets_ptr + tl.maximum(expert, 0) + 1)
+    if SUB_TILES > 1:
+        expert = tl.where(row_start < row_end, expert, -1)
     rows = row_start + tl.arange(0, BLOCK_M)
     return expert, pid_n, row_start, rows, rows < row_end
 

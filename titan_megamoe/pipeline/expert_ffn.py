@@ -62,7 +62,7 @@ def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EH
             weight_cache.release(w)
         # dout read once: sorted 1x128 rows for dgrad, token tiles for dW2
         dy_rows, dy_tiles = quantize_sorted_rows(dy_RD, plan, with_tiles=True)
-        dg, du, tiles, ds_N = dgrad_swiglu(dy_rows, w2t, g, u, scores_N, plan, FP8, sorted_rows=True)
+        dg, du, tiles, ds_N = dgrad_swiglu(dy_rows, w2t, g, u, scores_N, plan, FP8)
         dx_ND = expert_input_grad(dg, du, w1t, w3t, plan, recipe.activation, FP8)
         return dx_ND, ds_N, (dy_tiles, *tiles)
     p = BF16
