@@ -310,3 +310,51 @@ def test_host_overhead_script_runs_every_stage(bench, monkeypatch, tmp_path, cap
     rows = json.loads(path.read_text())["host_us_per_call"]
     assert len(rows) == 12 and all(v > 0 for v in rows.values())
     assert "fused MoE layer forward" in capsys.readouterr().out
+
+
+@pytest.fixture
+def bench_quantize(monkeypatch):
+    """scripts/bench_quantize.py on CPU: kernels in the interpreter, a toy shape, the GPU timer stood in for
+    (it runs the call once)."""
+    if torch.cuda.is_available():
+        pytest.skip("the GPU runs the real script")
+    spec = importlib.util.spec_from_file_location("bench_quantize_under_test", os.path.join(SCRIPTS, "bench_quantize.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "DEVICE", "cpu")
+    monkeypatch.setattr(mod, "SHAPES", {"toy": mod.Shape(T=40, D=256, H=128, E=4, K=2)})
+    monkeypatch.setattr(mod, "time_ms", lambda fn, quick: (fn(), 1.0)[1])
+    return mod
+
+
+def test_quantize_benchmark_checks_and_times_every_launch_shape(bench_quantize, monkeypatch, capsys):
+    """Every kernel at every launch shape of kernels/quantize.py, checked against quant.py and timed: one row
+    each, printed as it is measured and again in the closing table; --quick keeps the default ones only."""
+    from titan_megamoe.kernels import quantize as Q
+
+    monkeypatch.setattr(sys, "argv", ["bench_quantize.py"])
+    bench_quantize.main()
+    out = capsys.readouterr().out
+    rows = len(Q.SORTED_ROWS_CONFIGS) + len(Q.TOKEN_TILE_CONFIGS) + 1 + 2 * len(Q.WEIGHT_PAIR_CONFIGS)
+    assert out.count("\ntoy ") == 2 * rows and "MISMATCH" not in out
+    assert out.count("*") == 2 * 5 + 1  # the default of each of the five kernels (+ the legend)
+    monkeypatch.setattr(sys, "argv", ["bench_quantize.py", "--quick"])
+    bench_quantize.main()
+    assert capsys.readouterr().out.count("\ntoy ") == 2 * 5
+
+
+def test_quantize_benchmark_reports_a_wrong_result_and_exits_1(bench_quantize, monkeypatch, capsys):
+    """A launch shape whose bytes differ from quant.py is a MISMATCH row, not timed; the run goes on and
+    exits 1 after the table."""
+    launch = bench_quantize.Q._launch_weight_pair
+
+    def doubled_scale(*args):
+        W, Wt = launch(*args)
+        return W, type(Wt)(Wt.data, Wt.scale * 2, Wt.block)
+
+    monkeypatch.setattr(bench_quantize.Q, "_launch_weight_pair", doubled_scale)
+    monkeypatch.setattr(sys, "argv", ["bench_quantize.py", "--quick"])
+    with pytest.raises(SystemExit, match=r"2 result\(s\) differ from titan_megamoe.quant: toy w13 pair w4\*; toy w2"):
+        bench_quantize.main()
+    out = capsys.readouterr().out
+    assert out.count("MISMATCH: W^T: scale differ") == 4 and out.count("sorted rows      r32w4*      1.000") == 2
