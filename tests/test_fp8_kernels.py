@@ -161,39 +161,51 @@ def test_fp8_forward_bitwise_reproducible():
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("halves", [False, True])
-def test_fp8_dswiglu_one_pass_and_halves_agree(monkeypatch, halves):
-    """Block-FP8 dgrad's elementwise kernel, in one 128-column pass or in two 64-column halves (the row
-    block's first half recomputed), writes the same bits as the other mode, on skewed rows with an
-    expert ending mid-tile (token-tile padding) and a tile past the real count."""
+@pytest.mark.parametrize("T,D,H,E,K,routing", [
+    pytest.param(150, 128, 256, 3, 2, "skewed", id="small"),
+    pytest.param(4096, 2048, 768, 128, 8, "random", id="30b-a3b", marks=[gpu_only, pytest.mark.gpu]),
+])
+def test_fp8_dswiglu_bitwise_quant_of_bf16_path(T, D, H, E, K, routing):
+    """Block-FP8 dgrad's dSwiGLU kernel quantizes exactly the bf16 values the bf16 split path stores:
+    its dg, du rows and dg, du, s*h token tiles are bitwise quant.py's quantization of
+    `_dswiglu_rows_kernel`'s bf16 outputs for the same q, g, u, scores (this pins the e4m3 casts,
+    `common.to_e4m3` with BF16_VALUED, on the GPU; scales included)."""
+    from titan_megamoe import quant
     from titan_megamoe.kernels import dgrad_swiglu as dg_mod
     from titan_megamoe.kernels.quantize import quantize_sorted_rows
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
-    T, D, H, E, K = 150, 128, 256, 3, 2
-    case = make_case(T, D, H, E, K, "skewed", device=DEVICE, seed=21)
+    case = make_case(T, D, H, E, K, routing, device=DEVICE, seed=23)
     plan = build_routing_plan(case.ids, E, 128)
-    gen = torch.Generator().manual_seed(22)
+    gen = torch.Generator().manual_seed(24)
     g, u = (torch.randn(plan.num_rows, H, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
     dout = quantize_sorted_rows(torch.randn(T, D, generator=gen).to(DEVICE, torch.bfloat16), plan)
     w2t = weight_cache.quantized(case.w2).wt
     weight_cache.release(case.w2)
     scores = case.scores.reshape(-1).float()
+    dg, du, tiles, _ = dg_mod.dgrad_swiglu(dout, w2t, g, u, scores, plan, "fp8")
 
-    def run(mode):
-        monkeypatch.setattr(dg_mod, "_FP8_DSWIGLU", dict(HALVES=mode, num_warps=8 if GPU else 4))
-        dg, du, tiles, ds = dg_mod.dgrad_swiglu(dout, w2t, g, u, scores, plan, "fp8")
-        return [dg.data, dg.scale, du.data, du.scale, ds] + [x for t in tiles for x in (t.data, t.scale)]
+    q = dg_mod.expert_h_grad(dout, w2t, plan, torch.bfloat16, "fp8")
+    N = plan.num_rows
+    ref = [torch.empty_like(q) for _ in range(3)]  # dg, du, s*h in bf16
+    block_n = 128 if GPU else 64
+    ds_part = torch.empty(N, H // block_n, device=DEVICE)
+    dg_mod._dswiglu_rows_kernel[(triton_cdiv(N, 64) * (H // block_n),)](
+        q, g, u, scores, plan.order_N, *ref, ds_part, N, H, BLOCK_M=64, BLOCK_N=block_n,
+        INTERPRET=dg_mod.INTERPRET, num_warps=8 if GPU else 4)
 
-    got, other = run(halves), run(not halves)
-    ds, ds_other = got.pop(4), other.pop(4)  # sums over the columns: only their order differs
-    torch.testing.assert_close(ds, ds_other, rtol=1e-5, atol=1e-5)
-    P = plan.layout.num_tiles * 128
-    real_cols = int(plan.tile_expert.ge(0).sum()) * 128  # spare tiles are never read (nor written)
-    for i, (a, b) in enumerate(zip(got, other)):
-        if a.shape[-1] == P:  # token-tile data: compare the real tiles' columns
-            a, b = a[:, :real_cols], b[:, :real_cols]
-        elif a.dim() == 2 and a.shape[-1] == P // 128:
-            a, b = a[:, :real_cols // 128], b[:, :real_cols // 128]
-        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
-                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b), i
+    def bits(t):
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+    for got, r in zip((dg, du), ref[:2]):
+        want = quant.quantize_activation(r)
+        assert torch.equal(bits(got.data), bits(want.data)) and torch.equal(got.scale, want.scale)
+    real = int(plan.tile_expert.ge(0).sum())  # tiles past the real count are never read (nor written)
+    for got, r in zip(tiles, (ref[0], ref[1], ref[2])):
+        want = quant.quantize_token_tiles(r, plan)
+        assert torch.equal(bits(got.data[:, :real * 128]), bits(want.data[:, :real * 128]))
+        assert torch.equal(got.scale[:, :real], want.scale[:, :real])
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)

@@ -64,22 +64,22 @@ _GPU_DEFAULTS = {
     "wgrad_w2": TileConfig(128, 128, 64, 8, 5),
     "wgrad_w13": TileConfig(128, 128, 64, 8, 5),
 }
-# block FP8: every reduction step is one 128-wide scale block (BLOCK_K = 128); a row-tiled kernel's
-# BLOCK_M rows are one token block of the weight-gradient operands; GEMM1's and dgrad's 2 x 64 columns
-# cover one 128-wide scale block of h / dg / du per row. A block-scaled main loop keeps each MMA's
-# partial product beside its accumulator, so at 8 warps a program holds at most 128 accumulator
-# columns (2 x 64 or 1 x 128): with wider tiles (128x256 GEMM2/dx, 2 x 128 GEMM1) the first H200 run
-# was at about half of bf16's speed
+# block FP8: every reduction step is one 128-wide scale block (BLOCK_K = 128); GEMM1's 2 x 64 columns
+# cover one 128-wide scale block of h per row. A block-scaled main loop waits for each K block's MMA
+# before scaling it into the fp32 accumulator (and keeps that partial product beside the accumulator),
+# so a program's tensor cores idle while it scales. Programs of one warpgroup (64 rows, 4 warps) hold
+# half the registers, and several of them per multiprocessor cover each other's scaling steps: on the
+# H200 they won every kernel at both Qwen3 shapes, e.g. GEMM2 0.77 vs 0.95 ms and dW1/dW3 1.34 vs 3.13 ms
+# (128-row, 8-warp programs) at 30B-A3B (docs/results/tune_*_fp8_20261204T*.json)
 FP8_BLOCK = 128
+_FP8_HALF_TILE = TileConfig(64, 128, FP8_BLOCK, 4, 3, tma=True)
 _GPU_DEFAULTS_FP8 = {
-    "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 64, FP8_BLOCK, 8, 3, tma=True),
-    "gemm2": TileConfig(ROW_BLOCK_M, 128, FP8_BLOCK, 8, 3, tma=True),
-    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, FP8_BLOCK, 8, 3, tma=True, split=True),
-    "dx": TileConfig(ROW_BLOCK_M, 128, FP8_BLOCK, 8, 3, tma=True),
-    # measured on the H200 at 30B-A3B's shape (tests/test_wgrad_fp8.py): 128x128 / 8 warps spills,
-    # w2 1.55 ms vs 0.94 ms here, w13 4.37 ms vs 1.87 ms here
-    "wgrad_w2": TileConfig(64, 128, FP8_BLOCK, 4, 4, tma=True),
-    "wgrad_w13": TileConfig(64, 256, FP8_BLOCK, 8, 3, tma=True),
+    "gemm1_swiglu": replace(_FP8_HALF_TILE, block_n=64),
+    "gemm2": replace(_FP8_HALF_TILE, num_stages=4),
+    "dgrad_swiglu": replace(_FP8_HALF_TILE, split=True),  # its GEMM (q); the dSwiGLU is elementwise
+    "dx": replace(_FP8_HALF_TILE, num_stages=4),
+    "wgrad_w2": _FP8_HALF_TILE,  # 64 x 128 tiles of dW2's output
+    "wgrad_w13": _FP8_HALF_TILE,
 }
 # the interpreter runs on CPU: small tiles keep the tests fast (FP8: the blocks above fix BLOCK_K, and
 # BLOCK_M of the row kernels, at 128)

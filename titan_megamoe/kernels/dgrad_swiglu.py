@@ -34,18 +34,16 @@ import triton.language as tl
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, new_output
+from .common import INTERPRET, e4m3_scale, new_output, to_e4m3
 from .configs import FP8_BLOCK as _FP8_BLOCK
 from .configs import programs_per_plan_tile, tile_config
-from .epilogue import dswiglu, dswiglu_values_bf16, store_rows_fp8, store_sorted, store_token_tile
+from .epilogue import dswiglu, dswiglu_values_bf16, store_sorted, store_token_tile
 from .grouped_gemm import expert_h_grad
 from .mainloop import row_mainloop
 from .schedule import row_tile
 
-# the FP8 dSwiGLU program: 128 x 128 tiles of q, g, u and the three results in fp32 (one pass or two
-# halves, `_dswiglu_fp8_kernel`'s HALVES), and its warps. Compiled for sm_90 (scripts/sm90_resources.py):
-# one pass spills at 8 warps (72 B) and 16 (248 B); two halves at 8 warps do not (245 registers)
-_FP8_DSWIGLU = dict(HALVES=True, num_warps=8)
+# the FP8 dSwiGLU program: columns per step and warps
+_FP8_DSWIGLU = dict(CHUNK=32, num_warps=4, num_stages=1)
 
 
 @triton.jit
@@ -113,18 +111,24 @@ def _dswiglu_rows_kernel(
 
 
 @triton.jit
-def _dswiglu_fp8_columns(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, H, tile, P, dgt_ptr, dgt_s_ptr, dut_ptr,
-                         dut_s_ptr, hst_ptr, hst_s_ptr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
-    """dSwiGLU of one plan tile's rows at the columns offs_n: writes dg, du, s*h as token tiles (each
-    column's block is the tile's rows, so it is complete here) and returns (dg, du, ds share) for the
-    1x128 row blocks, which may span more columns than these."""
+def _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, H, INTERPRET: tl.constexpr):
+    """(dg, du, s*h as bf16 values in fp32, ds share) of some of a plan tile's rows at the columns offs_n."""
     q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None], other=0.0)
-    dg, du, hs, ds_part = dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
-    n_ok = offs_n < H
-    store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
-    store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
-    store_token_tile(dut_ptr, dut_s_ptr, du, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
-    return dg, du, ds_part
+    return dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+
+
+@triton.jit
+def _store_rows_e4m3(ptr, v, inv, rows, row_ok, offs_n, H, INTERPRET: tl.constexpr):
+    store_sorted(ptr, to_e4m3(v, inv[:, None], INTERPRET, BF16_VALUED=True), rows, row_ok, offs_n, offs_n < H, H,
+                 INTERPRET)
+
+
+@triton.jit
+def _store_row_results(dg_s_ptr, du_s_ptr, ds_part_ptr, rows, row_ok, routed, dg_scale, du_scale, ds, block, num_n):
+    """The per-row results of one 1x128 block: dg's and du's scales (sorted rows), the ds share (row order)."""
+    tl.store(dg_s_ptr + rows.to(tl.int64) * num_n + block, dg_scale, mask=row_ok)
+    tl.store(du_s_ptr + rows.to(tl.int64) * num_n + block, du_scale, mask=row_ok)
+    tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + block, ds, mask=row_ok)
 
 
 @triton.jit
@@ -135,44 +139,61 @@ def _dswiglu_fp8_kernel(
     dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr,  # token tiles e4m3 [H, P], scales [H, P/128]
     ds_part_ptr,  # [N, H/128] row order, fp32
     H, P,
-    BLOCK: tl.constexpr, HALVES: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Block FP8 dSwiGLU of one plan tile (128 sorted rows of one expert) by 128 columns: the tile's rows
     are one token block of the weight-gradient operands and its columns one 1x128 row block of dx's.
 
-    HALVES: 64 columns at a time, to hold half the registers: the token tiles and the row maxima first,
-    then the first half's dg, du recomputed (q, g, u reloaded, from L2) for the row quantization."""
+    CHUNK columns at a time, so that a program holds few registers and several share a multiprocessor
+    (an elementwise kernel needs many loads in flight): a first pass writes the token tiles, which each
+    column completes on its own, and takes the rows' maxima; a second recomputes dg and du (q, g, u
+    again, from L2) and writes the rows with their scales. The even and odd rows are separate tiles, so
+    that the transposed token-tile stores go through `common.transposed_row_pairs`."""
     num_n = H // BLOCK
     tile = tl.program_id(0) // num_n
     pid_n = tl.program_id(0) % num_n
     expert = tl.load(tile_expert_ptr + tile)
     if expert < 0:  # past the real count: the weight gradients never read this tile
         return
-    rows = tl.load(tile_row_ptr + tile) + tl.arange(0, BLOCK)
-    row_ok = rows < tl.load(offsets_ptr + expert + 1)  # rows past the expert's end: zeros (token-tile padding)
-    routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
-    s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
-    if HALVES:
-        offs_a = pid_n * BLOCK + tl.arange(0, BLOCK // 2)
-        offs_b = offs_a + BLOCK // 2
-        dg, du, ds_part = _dswiglu_fp8_columns(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_a, H, tile, P, dgt_ptr,
-                                               dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, BLOCK, INTERPRET)
-        amax_dg = tl.max(tl.abs(dg), axis=1)
-        amax_du = tl.max(tl.abs(du), axis=1)
-        dg_b, du_b, ds_b = _dswiglu_fp8_columns(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_b, H, tile, P, dgt_ptr,
-                                                dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, BLOCK, INTERPRET)
-        ds_part += ds_b
-        q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_a[None, :], mask=row_ok[:, None], other=0.0)
-        dg, du, _, _ = dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_a, H, g_ptr, u_ptr, s, INTERPRET)
-        store_rows_fp8(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_a, H, pid_n, INTERPRET, dg_b, offs_b, amax_dg)
-        store_rows_fp8(du_ptr, du_s_ptr, du, rows, row_ok, offs_a, H, pid_n, INTERPRET, du_b, offs_b, amax_du)
-    else:
-        offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
-        dg, du, ds_part = _dswiglu_fp8_columns(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, H, tile, P, dgt_ptr,
-                                               dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, BLOCK, INTERPRET)
-        store_rows_fp8(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, H, pid_n, INTERPRET)
-        store_rows_fp8(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, H, pid_n, INTERPRET)
-    tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+    end = tl.load(offsets_ptr + expert + 1)  # rows past the expert's end: zeros (token-tile padding)
+    r0 = tl.load(tile_row_ptr + tile) + 2 * tl.arange(0, BLOCK // 2)
+    r1 = r0 + 1
+    ok0 = r0 < end
+    ok1 = r1 < end
+    routed0 = tl.load(order_ptr + r0, mask=ok0, other=0)
+    routed1 = tl.load(order_ptr + r1, mask=ok1, other=0)
+    s0 = tl.load(scores_ptr + routed0, mask=ok0, other=0.0)
+    s1 = tl.load(scores_ptr + routed1, mask=ok1, other=0.0)
+    zero = tl.zeros((BLOCK // 2,), dtype=tl.float32)
+    ds0, ds1, dg_max0, dg_max1, du_max0, du_max1 = zero, zero, zero, zero, zero, zero
+    for c in tl.range(0, BLOCK, CHUNK):
+        offs_n = pid_n * BLOCK + c + tl.arange(0, CHUNK)
+        n_ok = offs_n < H
+        dg0, du0, hs0, ds_c0 = _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s0, r0, ok0, offs_n, H, INTERPRET)
+        dg1, du1, hs1, ds_c1 = _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s1, r1, ok1, offs_n, H, INTERPRET)
+        store_token_tile(hst_ptr, hst_s_ptr, hs0, hs1, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+        store_token_tile(dgt_ptr, dgt_s_ptr, dg0, dg1, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+        store_token_tile(dut_ptr, dut_s_ptr, du0, du1, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+        ds0 += ds_c0
+        ds1 += ds_c1
+        dg_max0 = tl.maximum(dg_max0, tl.max(tl.abs(dg0), axis=1))
+        dg_max1 = tl.maximum(dg_max1, tl.max(tl.abs(dg1), axis=1))
+        du_max0 = tl.maximum(du_max0, tl.max(tl.abs(du0), axis=1))
+        du_max1 = tl.maximum(du_max1, tl.max(tl.abs(du1), axis=1))
+    dg_scale0, dg_inv0 = e4m3_scale(dg_max0)
+    dg_scale1, dg_inv1 = e4m3_scale(dg_max1)
+    du_scale0, du_inv0 = e4m3_scale(du_max0)
+    du_scale1, du_inv1 = e4m3_scale(du_max1)
+    for c in tl.range(0, BLOCK, CHUNK):
+        offs_n = pid_n * BLOCK + c + tl.arange(0, CHUNK)
+        dg0, du0, _, _ = _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s0, r0, ok0, offs_n, H, INTERPRET)
+        dg1, du1, _, _ = _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s1, r1, ok1, offs_n, H, INTERPRET)
+        _store_rows_e4m3(dg_ptr, dg0, dg_inv0, r0, ok0, offs_n, H, INTERPRET)
+        _store_rows_e4m3(dg_ptr, dg1, dg_inv1, r1, ok1, offs_n, H, INTERPRET)
+        _store_rows_e4m3(du_ptr, du0, du_inv0, r0, ok0, offs_n, H, INTERPRET)
+        _store_rows_e4m3(du_ptr, du1, du_inv1, r1, ok1, offs_n, H, INTERPRET)
+    _store_row_results(dg_s_ptr, du_s_ptr, ds_part_ptr, r0, ok0, routed0, dg_scale0, du_scale0, ds0, pid_n, num_n)
+    _store_row_results(dg_s_ptr, du_s_ptr, ds_part_ptr, r1, ok1, routed1, dg_scale1, du_scale1, ds1, pid_n, num_n)
 
 
 _ROWS_BLOCK_M, _ROWS_BLOCK_N = 64, 128

@@ -48,7 +48,7 @@ def _gate_up(x_ptr, w1_ptr, w3_ptr, src, row_ok, row0, expert, n0, D, H, stride_
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     kb = tl.cdiv(D, BLOCK_K)  # FP8: K blocks per row (BLOCK_K is the 128-wide scale block)
-    w_scale_off = expert.to(tl.int64) * tl.cdiv(H, BLOCK_K) * kb + (offs_n // BLOCK_K) * kb
+    w_scale_off = (expert.to(tl.int64) * tl.cdiv(H, BLOCK_K) + n0 // BLOCK_K) * kb  # the tile's 128x128 blocks
     return row_mainloop(acc_g, acc_u, x_ptr, a_off, row_ok, row0, w1_ptr, w3_ptr, w_off, n_ok, n_ok,
                         expert * H + n0, 0, D, 1, A_TMA=A_TMA, B_TMA=W_TMA, B_TRANS=True,
                         TWO_B=True, WS=False, BLOCK_K=BLOCK_K, INTERPRET=INTERPRET,

@@ -65,7 +65,7 @@ def _grouped_gemm_kernel(
 
     kb = tl.cdiv(KD, BLOCK_K)  # FP8: K blocks per row (BLOCK_K is the 128-wide scale block)
     a_scale_off = rows.to(tl.int64) * kb
-    b_scale_off = expert.to(tl.int64) * tl.cdiv(ND, BLOCK_K) * kb + (offs_n // BLOCK_K) * kb
+    b_scale_off = (expert.to(tl.int64) * tl.cdiv(ND, BLOCK_K) + n0 // BLOCK_K) * kb  # the tile's 128x128 blocks
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc, _ = row_mainloop(acc, acc, a1_ptr, a_off, row_ok, row0, b1_ptr, b1_ptr, b_off, n_ok, n_ok, b_row, n0,
                           KD, stride_bk, A_TMA=TMA, B_TMA=TMA, B_TRANS=B_TRANS, TWO_B=False, WS=WS,
@@ -103,7 +103,8 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     if grid[0] == 0:
         return out
     if fp8:
-        assert b_trans and cfg.block_k == 128, "block FP8 takes K-major weights and 128-wide K blocks"
+        assert b_trans and cfg.block_k == 128 and 128 % cfg.block_n == 0, \
+            "block FP8 takes K-major weights, 128-wide K blocks and weight tiles inside one 128-column block"
     use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(a1, a2, b1, b2)
     if use_tma:
         a1, a2 = (matrix_descriptor(a, [cfg.block_m, cfg.block_k]) for a in (a1, a2))

@@ -15,8 +15,10 @@ operand gathered by token through the plan's order or read in sorted order (opti
 
   SCALED  block FP8 (e4m3 tiles, BLOCK_K = 128 = one scale block): each K block's product is scaled by
       its row scales (`a_scale + a_scale_off`, [rows, KD/128] with the row offsets precomputed) times the
-      weight's block scales (`b0_scale + b0_scale_off`, likewise b1, the (n-block, k-block) entry; the caller passes
-      the offset of each column's n-block and the k-block stride 1) and added in fp32.
+      weight's block scale (`b0_scale + b0_scale_off`, likewise b1: the scale of the tile's (n-block,
+      k-block), the k-block stride 1) and added in fp32. A weight tile lies in one 128x128 block column
+      (BLOCK_N <= 128, tiles aligned), so its scale is one number per K block: one multiply per row
+      instead of an outer product of row and column scales per element.
 
 Masked rows and columns load as zeros, so partial tiles are exact. The operand dtype is whatever the
 tiles hold: bf16, or e4m3 with SCALED.
@@ -67,11 +69,9 @@ def row_mainloop(acc0, acc1, a_src, a_off, row_ok, a_row, b0_src, b1_src, b_off,
             # MMA accumulates with reduced precision, so a long K must not stay inside it: DeepSeek-V3's
             # promotion); the row scales are [rows, KD / 128], the weight block scales [n_block, k_block]
             sa = tl.load(a_scale + a_scale_off + k, mask=row_ok, other=0.0)
-            sb0 = tl.load(b0_scale + b0_scale_off + k, mask=b0_ok, other=0.0)
-            acc0 += mma(a, b0, tl.zeros_like(acc0), INTERPRET) * (sa[:, None] * sb0[None, :])
+            acc0 += mma(a, b0, tl.zeros_like(acc0), INTERPRET) * (sa * tl.load(b0_scale + b0_scale_off + k))[:, None]
             if TWO_B:
-                sb1 = tl.load(b1_scale + b1_scale_off + k, mask=b1_ok, other=0.0)
-                acc1 += mma(a, b1, tl.zeros_like(acc1), INTERPRET) * (sa[:, None] * sb1[None, :])
+                acc1 += mma(a, b1, tl.zeros_like(acc1), INTERPRET) * (sa * tl.load(b1_scale + b1_scale_off + k))[:, None]
         else:
             acc0 = mma(a, b0, acc0, INTERPRET)
             if TWO_B:

@@ -25,7 +25,7 @@ instruction issue binds about as much as memory: each choice below removes instr
 (registers decide how many programs share an SM and hide each other's memory latency).
 - Sorted rows are quantized once per token and scattered to its K sorted positions (plan.inv_N): a
   gather reads and quantizes each token row K times.
-- A transposed e4m3 store goes through `_transposed_row_pairs` (pairs of rows as 16-bit elements).
+- A transposed e4m3 store goes through `common.transposed_row_pairs` (pairs of rows as 16-bit elements).
 - Programs run column blocks first (`_row_major_program`).
 - Each kernel has a few launch shapes (`*_CONFIGS`; the launchers use `DEFAULT_CONFIGS`):
   scripts/bench_quantize.py times them all on the GPU.
@@ -41,7 +41,7 @@ from .. import quant
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from ..validation import check_multiple_of
-from .common import INTERPRET, e4m3_scale, new_output, to_e4m3
+from .common import INTERPRET, e4m3_scale, new_output, to_e4m3, transposed_row_pairs
 
 BLOCK = quant.ACTIVATION_BLOCK[1]  # 128: the side of every scale block here (activations, weights, token blocks)
 _FLOAT_INPUTS = (torch.bfloat16, torch.float32)
@@ -78,24 +78,6 @@ def _fp32(x, INTERPRET: tl.constexpr):
     if INTERPRET and x.dtype == tl.bfloat16:
         return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     return x.to(tl.float32)
-
-
-@triton.jit
-def _transposed_row_pairs(q_even, q_odd):
-    """The transpose of the e4m3 tile whose rows 2p and 2p + 1 are q_even[p] and q_odd[p] ([P, n] each),
-    as uint16 [n, P]: element (c, p) holds rows 2p (low byte) and 2p + 1 of column c, i.e. bytes 2p and
-    2p + 1 of the transposed tile's row c. Store it through a uint16 view of the e4m3 output.
-
-    Why pairs: Triton transposes a tile through shared memory, and 8-bit elements come back one byte per
-    load there (64 LDS.U8 per thread for a 128x128 tile at 8 warps), while 16-bit ones come back through
-    ldmatrix's transposing form (LDSM.16.MT88: four 8x8 blocks per instruction). Loading the even and odd
-    rows as two tiles makes the pairs without moving data between threads. The two widenings also keep
-    Triton from moving the transpose up to the input tile: it hoists a layout conversion above one
-    widening op only, and on a plain tl.trans(q) it did, recomputing the whole quantization in the
-    transposed layout."""
-    lo = q_even.to(tl.uint8, bitcast=True).to(tl.uint16)
-    hi = q_odd.to(tl.uint8, bitcast=True).to(tl.uint16)
-    return tl.trans(lo | (hi << 8))
 
 
 @triton.jit
@@ -145,7 +127,7 @@ def _quantize_rows_kernel(
     x = _fp32(tl.load(x_ptr + rows[:, None] * stride_r + cols[None, :] * stride_c, mask=ok[:, None], other=0.0),
               INTERPRET)
     scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
-    q = to_e4m3(x, inv[:, None], INTERPRET)
+    q = to_e4m3(x, inv[:, None], INTERPRET, BF16_VALUED=x_ptr.dtype.element_ty == tl.bfloat16)
     if SCATTER:  # row r's copy k goes to output row dest[r * COPIES + k]
         for k in tl.static_range(COPIES):
             dest = tl.load(dest_ptr + rows * COPIES + k, mask=ok, other=0).to(tl.int64)
@@ -205,8 +187,9 @@ def _quantize_weight_pair_kernel(
     w_odd = _fp32(tl.load(w + (even + 1)[:, None] * stride_r), INTERPRET)
     amax = tl.maximum(tl.max(tl.max(tl.abs(w_even), axis=1), axis=0), tl.max(tl.max(tl.abs(w_odd), axis=1), axis=0))
     scale, inv = e4m3_scale(amax)
-    q_even = to_e4m3(w_even, inv, INTERPRET)
-    q_odd = to_e4m3(w_odd, inv, INTERPRET)
+    bf16 = w_ptr.dtype.element_ty == tl.bfloat16  # fp32 weights take the exact fp32 rounding
+    q_even = to_e4m3(w_even, inv, INTERPRET, BF16_VALUED=bf16)
+    q_odd = to_e4m3(w_odd, inv, INTERPRET, BF16_VALUED=bf16)
     base = expert * R * C  # both copies hold R * C elements per expert
     n_row_blocks = R // BLOCK
     n_col_blocks = C // BLOCK
@@ -218,7 +201,7 @@ def _quantize_weight_pair_kernel(
     if WRITE_WT:
         data_t_pairs = data_t_ptr.to(tl.pointer_type(tl.uint16)) + base // 2  # W^T's rows, two bytes at a time
         tl.store(data_t_pairs + cols[:, None] * (R // 2) + (row_block * (BLOCK // 2) + pair)[None, :],
-                 _transposed_row_pairs(q_even, q_odd))
+                 transposed_row_pairs(q_even, q_odd))
         tl.store(scale_t_ptr + blocks + col_block * n_row_blocks + row_block, scale)
 
 
@@ -249,7 +232,7 @@ def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]
     Why one pass: the forward GEMMs read W and the backward's dgrad/dx read W^T, K-major both (what the
     FP8 MMA wants); a transposed block has the same amax, hence the same scale and the same values
     transposed (quant.py), so each program loads its 128x128 block once, quantizes it once and writes
-    both copies (W^T through `_transposed_row_pairs`). Weights change once per optimizer step: this runs
+    both copies (W^T through `common.transposed_row_pairs`). Weights change once per optimizer step: this runs
     once per step, not per micro-batch.
 
     fp32 weights take two launches (W, then W^T): from an fp32 tile, Triton 3.6 on the H200 rounds about
@@ -308,7 +291,9 @@ def _quantize_token_tiles_kernel(
                               ROWS_PER_TOKEN, GATHER, INTERPRET)
     # one block per column: the tile's rows
     scale, inv = e4m3_scale(tl.maximum(tl.max(tl.abs(x_even), axis=0), tl.max(tl.abs(x_odd), axis=0)))
-    pairs = _transposed_row_pairs(to_e4m3(x_even, inv[None, :], INTERPRET), to_e4m3(x_odd, inv[None, :], INTERPRET))
+    bf16 = src_ptr.dtype.element_ty == tl.bfloat16
+    pairs = transposed_row_pairs(to_e4m3(x_even, inv[None, :], INTERPRET, BF16_VALUED=bf16),
+                                  to_e4m3(x_odd, inv[None, :], INTERPRET, BF16_VALUED=bf16))
     cols = cols.to(tl.int64)
     P = num_tiles * BLOCK_M
     data_pairs = data_ptr.to(tl.pointer_type(tl.uint16))  # the output's rows, two bytes at a time
@@ -346,7 +331,7 @@ def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: b
     scales along the tokens (a block restarting at each expert's first row, the plan's tiles) and the
     token dimension contiguous (K-major for the MMA). One program gathers one tile's 128 rows for a block
     of columns (masked: no copy of the sorted rows is made), takes each column's amax over the rows and
-    writes the block transposed (`_transposed_row_pairs`)."""
+    writes the block transposed (`common.transposed_row_pairs`)."""
     K = _check_gathered("quantize_token_tiles", src_RC, plan, sorted_rows, tiles=True)
     return _launch_token_tiles(src_RC, plan, K, sorted_rows, TOKEN_TILE_CONFIGS[DEFAULT_CONFIGS["token_tiles"]])
 
