@@ -86,8 +86,11 @@ def to_e4m3(x, inv_scale, INTERPRET: tl.constexpr, BF16_VALUED: tl.constexpr = F
 
     BF16_VALUED: x holds bf16 values (8 significant bits), so x * inv_scale within +-448 is exact in fp16
     (down to fp16's subnormals, far below e4m3's half-smallest subnormal 2^-10, where both round to 0),
-    and fp16 -> e4m3 is the one rounding: the same bits from two cheap conversions instead of
-    `_rne_e4m3`'s dozen integer operations per element, which bound the elementwise FP8 kernels."""
+    and fp16 -> e4m3 is the one rounding: two cheap conversions instead of `_rne_e4m3`'s dozen integer
+    operations per element. Only where the H200 showed it bitwise right: a program that stores the
+    tile in one layout (quantize_rows). In programs that also store a transposed copy (the weight pair,
+    the token tiles) Triton 3.6 miscast it there too (scripts/bench_quantize.py's bitwise check,
+    docs/results/quantize_20261204/), as it does the plain fp32 cast."""
     v = tl.minimum(tl.maximum(x * inv_scale, -E4M3_MAX), E4M3_MAX)
     if BF16_VALUED and not INTERPRET:
         return v.to(tl.float16).to(tl.float8e4nv)

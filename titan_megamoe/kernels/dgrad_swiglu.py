@@ -119,7 +119,7 @@ def _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, H, INTERPR
 
 @triton.jit
 def _store_rows_e4m3(ptr, v, inv, rows, row_ok, offs_n, H, INTERPRET: tl.constexpr):
-    store_sorted(ptr, to_e4m3(v, inv[:, None], INTERPRET, BF16_VALUED=True), rows, row_ok, offs_n, offs_n < H, H,
+    store_sorted(ptr, to_e4m3(v, inv[:, None], INTERPRET), rows, row_ok, offs_n, offs_n < H, H,
                  INTERPRET)
 
 

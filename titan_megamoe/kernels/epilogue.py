@@ -68,11 +68,10 @@ def store_token_tile(data_ptr, scale_ptr, v_even, v_odd, tile, offs_n, n_ok, P, 
     token-tile layout (`quant.quantize_token_tiles`): data [C, P] e4m3 at columns 128*tile + row, one
     scale per column of the tile, at [c, tile] of a [C, P / 128] scale. The rows come as the tile's even
     and odd rows, [BLOCK_M / 2, BLOCK_N] each (`common.transposed_row_pairs` says why); rows past the
-    expert's end must hold zeros (they are padding of the layout). The values are bf16 values
-    (`common.to_e4m3`'s BF16_VALUED)."""
+    expert's end must hold zeros (they are padding of the layout)."""
     scale, inv = e4m3_scale(tl.maximum(tl.max(tl.abs(v_even), axis=0), tl.max(tl.abs(v_odd), axis=0)))
-    pairs = transposed_row_pairs(to_e4m3(v_even, inv[None, :], INTERPRET, BF16_VALUED=True),
-                                 to_e4m3(v_odd, inv[None, :], INTERPRET, BF16_VALUED=True))  # [BLOCK_N, BLOCK_M/2]
+    pairs = transposed_row_pairs(to_e4m3(v_even, inv[None, :], INTERPRET),
+                                 to_e4m3(v_odd, inv[None, :], INTERPRET))  # [BLOCK_N, BLOCK_M/2]
     pair = tile.to(tl.int64) * (BLOCK_M // 2) + tl.arange(0, BLOCK_M // 2)
     data_pairs = data_ptr.to(tl.pointer_type(tl.uint16))  # the output's rows, two tokens at a time
     tl.store(data_pairs + offs_n.to(tl.int64)[:, None] * (P // 2) + pair[None, :], pairs, mask=n_ok[:, None])
@@ -89,20 +88,10 @@ def dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: 
 
 
 @triton.jit
-def store_rows_fp8(data_ptr, scale_ptr, v0, rows, row_ok, offs_n0, H, block, INTERPRET: tl.constexpr,
-                   v1=None, offs_n1=None, amax0=None):
-    """Quantize one 128-wide block of rows (1x128 scales, [N, H/128]): the tile v0 [BLOCK_M, 128], or its
-    two column halves v0, v1 [BLOCK_M, 64] at offs_n0, offs_n1. `amax0`: the row maxima of v0 if the
-    caller has them already. The values are bf16 values (`common.to_e4m3`'s BF16_VALUED)."""
-    if amax0 is None:
-        amax0 = tl.max(tl.abs(v0), axis=1)
-    amax = amax0
-    if v1 is not None:
-        amax = tl.maximum(amax, tl.max(tl.abs(v1), axis=1))
+def store_rows_fp8(data_ptr, scale_ptr, v0, v1, rows, row_ok, offs_n0, offs_n1, H, block, INTERPRET: tl.constexpr):
+    """Quantize two column halves [BLOCK_M, 64] of one 128-wide block of rows (1x128 scales, [N, H/128])."""
+    amax = tl.maximum(tl.max(tl.abs(v0), axis=1), tl.max(tl.abs(v1), axis=1))
     scale, inv = e4m3_scale(amax)
-    store_sorted(data_ptr, to_e4m3(v0, inv[:, None], INTERPRET, BF16_VALUED=True), rows, row_ok, offs_n0,
-                 offs_n0 < H, H, INTERPRET)
-    if v1 is not None:
-        store_sorted(data_ptr, to_e4m3(v1, inv[:, None], INTERPRET, BF16_VALUED=True), rows, row_ok, offs_n1,
-                     offs_n1 < H, H, INTERPRET)
+    store_sorted(data_ptr, to_e4m3(v0, inv[:, None], INTERPRET), rows, row_ok, offs_n0, offs_n0 < H, H, INTERPRET)
+    store_sorted(data_ptr, to_e4m3(v1, inv[:, None], INTERPRET), rows, row_ok, offs_n1, offs_n1 < H, H, INTERPRET)
     tl.store(scale_ptr + rows.to(tl.int64) * (H // 128) + block, scale, mask=row_ok)

@@ -99,7 +99,7 @@ def _gemm1_swiglu_kernel(
         # h rounded to bf16 first (the value the emulation quantizes), then one scale per row
         h0 = cast_rne(h0, tl.bfloat16, INTERPRET).to(tl.float32)
         h1 = cast_rne(swiglu(g1, u1), tl.bfloat16, INTERPRET).to(tl.float32)
-        store_rows_fp8(h_ptr, hs_ptr, h0, rows, row_ok, offs_n0, H, pid_n, INTERPRET, h1, offs_n1)
+        store_rows_fp8(h_ptr, hs_ptr, h0, h1, rows, row_ok, offs_n0, offs_n1, H, pid_n, INTERPRET)
     else:
         store_sorted(h_ptr, h0, rows, row_ok, offs_n0, offs_n0 < H, H, INTERPRET)
 

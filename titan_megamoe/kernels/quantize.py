@@ -187,9 +187,8 @@ def _quantize_weight_pair_kernel(
     w_odd = _fp32(tl.load(w + (even + 1)[:, None] * stride_r), INTERPRET)
     amax = tl.maximum(tl.max(tl.max(tl.abs(w_even), axis=1), axis=0), tl.max(tl.max(tl.abs(w_odd), axis=1), axis=0))
     scale, inv = e4m3_scale(amax)
-    bf16 = w_ptr.dtype.element_ty == tl.bfloat16  # fp32 weights take the exact fp32 rounding
-    q_even = to_e4m3(w_even, inv, INTERPRET, BF16_VALUED=bf16)
-    q_odd = to_e4m3(w_odd, inv, INTERPRET, BF16_VALUED=bf16)
+    q_even = to_e4m3(w_even, inv, INTERPRET)
+    q_odd = to_e4m3(w_odd, inv, INTERPRET)
     base = expert * R * C  # both copies hold R * C elements per expert
     n_row_blocks = R // BLOCK
     n_col_blocks = C // BLOCK
@@ -291,9 +290,7 @@ def _quantize_token_tiles_kernel(
                               ROWS_PER_TOKEN, GATHER, INTERPRET)
     # one block per column: the tile's rows
     scale, inv = e4m3_scale(tl.maximum(tl.max(tl.abs(x_even), axis=0), tl.max(tl.abs(x_odd), axis=0)))
-    bf16 = src_ptr.dtype.element_ty == tl.bfloat16
-    pairs = transposed_row_pairs(to_e4m3(x_even, inv[None, :], INTERPRET, BF16_VALUED=bf16),
-                                  to_e4m3(x_odd, inv[None, :], INTERPRET, BF16_VALUED=bf16))
+    pairs = transposed_row_pairs(to_e4m3(x_even, inv[None, :], INTERPRET), to_e4m3(x_odd, inv[None, :], INTERPRET))
     cols = cols.to(tl.int64)
     P = num_tiles * BLOCK_M
     data_pairs = data_ptr.to(tl.pointer_type(tl.uint16))  # the output's rows, two bytes at a time
