@@ -169,7 +169,7 @@ def test_fp8_dswiglu_bitwise_quant_of_bf16_path(T, D, H, E, K, routing):
     """Block-FP8 dgrad's dSwiGLU kernel quantizes exactly the bf16 values the bf16 split path stores:
     its dg, du rows and dg, du, s*h token tiles are bitwise quant.py's quantization of
     `_dswiglu_rows_kernel`'s bf16 outputs for the same q, g, u, scores (this pins the e4m3 casts,
-    `common.to_e4m3` with BF16_VALUED, on the GPU; scales included)."""
+    `common.to_e4m3` and the transposed token-tile stores, on the GPU; scales included)."""
     from titan_megamoe import quant
     from titan_megamoe.kernels import dgrad_swiglu as dg_mod
     from titan_megamoe.kernels.quantize import quantize_sorted_rows

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from titan_megamoe import oracle, quant
-from titan_megamoe.kernels import quantize
 from titan_megamoe.kernels.common import new_output
 from titan_megamoe.kernels.quantize import (quantize_rows, quantize_sorted_rows, quantize_token_tiles,
                                             quantize_weight_pair)
@@ -278,15 +277,3 @@ def test_every_output_element_is_written(monkeypatch):
     rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
     _assert_bitwise(tiles, ref, "poisoned tiles with rows")
     _assert_bitwise(rows, quant.quantize_activation(src[plan_ref.order_N.long() // 2]), "poisoned sorted rows")
-
-
-LAUNCH_SHAPES = [("sorted_rows", name) for name in quantize.SORTED_ROWS_CONFIGS] + \
-    [("token_tiles", name) for name in quantize.TOKEN_TILE_CONFIGS] + \
-    [("weight_pair", name) for name in quantize.WEIGHT_PAIR_CONFIGS]
-
-
-@pytest.mark.parametrize("kernel,config", LAUNCH_SHAPES)
-def test_every_launch_shape_writes_every_element_bitwise(kernel, config, monkeypatch):
-    """Each launch shape scripts/bench_quantize.py may pick as the default passes the poisoned checks above."""
-    monkeypatch.setitem(quantize.DEFAULT_CONFIGS, kernel, config)
-    test_every_output_element_is_written(monkeypatch)

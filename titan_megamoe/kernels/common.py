@@ -77,42 +77,16 @@ def e4m3_scale(amax):
 
 
 @triton.jit
-def to_e4m3(x, inv_scale, INTERPRET: tl.constexpr, BF16_VALUED: tl.constexpr = False):
+def to_e4m3(x, inv_scale, INTERPRET: tl.constexpr):
     """x * inv_scale (exact: a power of two) as e4m3, saturating at +-448 (e4m3fn has no inf).
 
     Rounded to an e4m3 value in fp32 first, so the cast itself is exact: Triton 3.6 on the H200 cast
     fp32 -> e4m3 wrongly in a program that stored a tile twice (a 128x128 block and its transpose, found
     by tests/test_quant_kernels.py); bitwise the same result as the hardware's round-to-nearest-even.
-
-    BF16_VALUED: x holds bf16 values (8 significant bits), so x * inv_scale within +-448 is exact in fp16
-    (down to fp16's subnormals, far below e4m3's half-smallest subnormal 2^-10, where both round to 0),
-    and fp16 -> e4m3 is the one rounding: two cheap conversions instead of `_rne_e4m3`'s dozen integer
-    operations per element. Only where the H200 showed it bitwise right: a program that stores the
-    tile in one layout (quantize_rows). In programs that also store a transposed copy (the weight pair,
-    the token tiles) Triton 3.6 miscast it there too (scripts/bench_quantize.py's bitwise check,
-    docs/results/quantize_20261204/), as it does the plain fp32 cast."""
+    (Casting through fp16 instead, exact for bf16-valued inputs and cheaper, came out wrong on the H200
+    in such programs too: docs/results/quantize_20261204/.)"""
     v = tl.minimum(tl.maximum(x * inv_scale, -E4M3_MAX), E4M3_MAX)
-    if BF16_VALUED and not INTERPRET:
-        return v.to(tl.float16).to(tl.float8e4nv)
     return _rne_e4m3(v).to(tl.float8e4nv)
-
-
-@triton.jit
-def transposed_row_pairs(q_even, q_odd):
-    """The transpose of the e4m3 tile whose rows 2p and 2p + 1 are q_even[p] and q_odd[p] ([P, n] each),
-    as uint16 [n, P]: element (c, p) holds rows 2p (low byte) and 2p + 1 of column c, i.e. bytes 2p and
-    2p + 1 of the transposed tile's row c. Store it through a uint16 view of the e4m3 output.
-
-    Why pairs: Triton transposes a tile through shared memory, and 8-bit elements come back one byte per
-    load there (64 LDS.U8 per thread for a 128x128 tile at 8 warps), while 16-bit ones come back through
-    ldmatrix's transposing form (LDSM.16.MT88: four 8x8 blocks per instruction). Loading the even and odd
-    rows as two tiles makes the pairs without moving data between threads. The two widenings also keep
-    Triton from moving the transpose up to the input tile: it hoists a layout conversion above one
-    widening op only, and on a plain tl.trans(q) it did, recomputing the whole quantization in the
-    transposed layout."""
-    lo = q_even.to(tl.uint8, bitcast=True).to(tl.uint16)
-    hi = q_odd.to(tl.uint8, bitcast=True).to(tl.uint16)
-    return tl.trans(lo | (hi << 8))
 
 
 INTERPRET = isinstance(mma, InterpretedFunction)

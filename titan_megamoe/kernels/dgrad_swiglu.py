@@ -42,8 +42,9 @@ from .grouped_gemm import expert_h_grad
 from .mainloop import row_mainloop
 from .schedule import row_tile
 
-# the FP8 dSwiGLU program: columns per step and warps
-_FP8_DSWIGLU = dict(CHUNK=32, num_warps=4, num_stages=1)
+# the FP8 dSwiGLU program's warps: on the H200 16 were fastest, 1.32 ms at 30B-A3B T=16384 against 2.04 with
+# 8, though sm_90's compile spills at both (docs/results/tune_logs/2026-12-04_fp8_dswiglu_modes_3a5e4c7.log)
+_FP8_DSWIGLU = dict(num_warps=16)
 
 
 @triton.jit
@@ -111,27 +112,6 @@ def _dswiglu_rows_kernel(
 
 
 @triton.jit
-def _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, H, INTERPRET: tl.constexpr):
-    """(dg, du, s*h as bf16 values in fp32, ds share) of some of a plan tile's rows at the columns offs_n."""
-    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None], other=0.0)
-    return dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
-
-
-@triton.jit
-def _store_rows_e4m3(ptr, v, inv, rows, row_ok, offs_n, H, INTERPRET: tl.constexpr):
-    store_sorted(ptr, to_e4m3(v, inv[:, None], INTERPRET), rows, row_ok, offs_n, offs_n < H, H,
-                 INTERPRET)
-
-
-@triton.jit
-def _store_row_results(dg_s_ptr, du_s_ptr, ds_part_ptr, rows, row_ok, routed, dg_scale, du_scale, ds, block, num_n):
-    """The per-row results of one 1x128 block: dg's and du's scales (sorted rows), the ds share (row order)."""
-    tl.store(dg_s_ptr + rows.to(tl.int64) * num_n + block, dg_scale, mask=row_ok)
-    tl.store(du_s_ptr + rows.to(tl.int64) * num_n + block, du_scale, mask=row_ok)
-    tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + block, ds, mask=row_ok)
-
-
-@triton.jit
 def _dswiglu_fp8_kernel(
     q_ptr, g_ptr, u_ptr, scores_ptr,  # q, g, u [N, H] bf16 sorted; scores [N] row order (fp32)
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
@@ -139,61 +119,38 @@ def _dswiglu_fp8_kernel(
     dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr,  # token tiles e4m3 [H, P], scales [H, P/128]
     ds_part_ptr,  # [N, H/128] row order, fp32
     H, P,
-    BLOCK: tl.constexpr, CHUNK: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """Block FP8 dSwiGLU of one plan tile (128 sorted rows of one expert) by 128 columns: the tile's rows
-    are one token block of the weight-gradient operands and its columns one 1x128 row block of dx's.
-
-    CHUNK columns at a time, so that a program holds few registers and several share a multiprocessor
-    (an elementwise kernel needs many loads in flight): a first pass writes the token tiles, which each
-    column completes on its own, and takes the rows' maxima; a second recomputes dg and du (q, g, u
-    again, from L2) and writes the rows with their scales. The even and odd rows are separate tiles, so
-    that the transposed token-tile stores go through `common.transposed_row_pairs`."""
+    are one token block of the weight-gradient operands and its columns one 1x128 row block of dx's."""
     num_n = H // BLOCK
     tile = tl.program_id(0) // num_n
     pid_n = tl.program_id(0) % num_n
     expert = tl.load(tile_expert_ptr + tile)
     if expert < 0:  # past the real count: the weight gradients never read this tile
         return
-    end = tl.load(offsets_ptr + expert + 1)  # rows past the expert's end: zeros (token-tile padding)
-    r0 = tl.load(tile_row_ptr + tile) + 2 * tl.arange(0, BLOCK // 2)
-    r1 = r0 + 1
-    ok0 = r0 < end
-    ok1 = r1 < end
-    routed0 = tl.load(order_ptr + r0, mask=ok0, other=0)
-    routed1 = tl.load(order_ptr + r1, mask=ok1, other=0)
-    s0 = tl.load(scores_ptr + routed0, mask=ok0, other=0.0)
-    s1 = tl.load(scores_ptr + routed1, mask=ok1, other=0.0)
-    zero = tl.zeros((BLOCK // 2,), dtype=tl.float32)
-    ds0, ds1, dg_max0, dg_max1, du_max0, du_max1 = zero, zero, zero, zero, zero, zero
-    for c in tl.range(0, BLOCK, CHUNK):
-        offs_n = pid_n * BLOCK + c + tl.arange(0, CHUNK)
-        n_ok = offs_n < H
-        dg0, du0, hs0, ds_c0 = _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s0, r0, ok0, offs_n, H, INTERPRET)
-        dg1, du1, hs1, ds_c1 = _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s1, r1, ok1, offs_n, H, INTERPRET)
-        store_token_tile(hst_ptr, hst_s_ptr, hs0, hs1, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
-        store_token_tile(dgt_ptr, dgt_s_ptr, dg0, dg1, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
-        store_token_tile(dut_ptr, dut_s_ptr, du0, du1, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
-        ds0 += ds_c0
-        ds1 += ds_c1
-        dg_max0 = tl.maximum(dg_max0, tl.max(tl.abs(dg0), axis=1))
-        dg_max1 = tl.maximum(dg_max1, tl.max(tl.abs(dg1), axis=1))
-        du_max0 = tl.maximum(du_max0, tl.max(tl.abs(du0), axis=1))
-        du_max1 = tl.maximum(du_max1, tl.max(tl.abs(du1), axis=1))
-    dg_scale0, dg_inv0 = e4m3_scale(dg_max0)
-    dg_scale1, dg_inv1 = e4m3_scale(dg_max1)
-    du_scale0, du_inv0 = e4m3_scale(du_max0)
-    du_scale1, du_inv1 = e4m3_scale(du_max1)
-    for c in tl.range(0, BLOCK, CHUNK):
-        offs_n = pid_n * BLOCK + c + tl.arange(0, CHUNK)
-        dg0, du0, _, _ = _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s0, r0, ok0, offs_n, H, INTERPRET)
-        dg1, du1, _, _ = _dswiglu_fp8_values(q_ptr, g_ptr, u_ptr, s1, r1, ok1, offs_n, H, INTERPRET)
-        _store_rows_e4m3(dg_ptr, dg0, dg_inv0, r0, ok0, offs_n, H, INTERPRET)
-        _store_rows_e4m3(dg_ptr, dg1, dg_inv1, r1, ok1, offs_n, H, INTERPRET)
-        _store_rows_e4m3(du_ptr, du0, du_inv0, r0, ok0, offs_n, H, INTERPRET)
-        _store_rows_e4m3(du_ptr, du1, du_inv1, r1, ok1, offs_n, H, INTERPRET)
-    _store_row_results(dg_s_ptr, du_s_ptr, ds_part_ptr, r0, ok0, routed0, dg_scale0, du_scale0, ds0, pid_n, num_n)
-    _store_row_results(dg_s_ptr, du_s_ptr, ds_part_ptr, r1, ok1, routed1, dg_scale1, du_scale1, ds1, pid_n, num_n)
+    rows = tl.load(tile_row_ptr + tile) + tl.arange(0, BLOCK)
+    row_ok = rows < tl.load(offsets_ptr + expert + 1)  # rows past the expert's end: zeros (token-tile padding)
+    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
+    n_ok = offs_n < H
+    routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
+    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None], other=0.0)
+    dg, du, hs, ds_part = dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+    store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+    store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+    store_token_tile(dut_ptr, dut_s_ptr, du, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+    _store_rows_e4m3(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, H, pid_n, INTERPRET)
+    _store_rows_e4m3(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, H, pid_n, INTERPRET)
+    tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+
+
+@triton.jit
+def _store_rows_e4m3(data_ptr, scale_ptr, v, rows, row_ok, offs_n, H, block, INTERPRET: tl.constexpr):
+    """One 1x128 block per row of v [BLOCK_M, 128] (scales [N, H/128])."""
+    scale, inv = e4m3_scale(tl.max(tl.abs(v), axis=1))
+    store_sorted(data_ptr, to_e4m3(v, inv[:, None], INTERPRET), rows, row_ok, offs_n, offs_n < H, H, INTERPRET)
+    tl.store(scale_ptr + rows.to(tl.int64) * (H // 128) + block, scale, mask=row_ok)
 
 
 _ROWS_BLOCK_M, _ROWS_BLOCK_N = 64, 128

@@ -6,7 +6,7 @@ All math in fp32; stores round to the output's dtype (round-to-nearest-even, `ca
 import triton
 import triton.language as tl
 
-from .common import cast_rne, e4m3_scale, to_e4m3, transposed_row_pairs
+from .common import cast_rne, e4m3_scale, to_e4m3
 
 
 @triton.jit
@@ -62,19 +62,15 @@ def dswiglu(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, dg_ptr, du_ptr, hs_ptr,
 
 
 @triton.jit
-def store_token_tile(data_ptr, scale_ptr, v_even, v_odd, tile, offs_n, n_ok, P, BLOCK_M: tl.constexpr,
-                     INTERPRET: tl.constexpr):
-    """Quantize one plan tile's rows (BLOCK_M = 128) at the columns offs_n into the weight gradients'
+def store_token_tile(data_ptr, scale_ptr, val, tile, offs_n, n_ok, P, BLOCK_M: tl.constexpr, INTERPRET: tl.constexpr):
+    """Quantize a [BLOCK_M = 128, BLOCK_N] tile of one plan tile's rows into the weight gradients'
     token-tile layout (`quant.quantize_token_tiles`): data [C, P] e4m3 at columns 128*tile + row, one
-    scale per column of the tile, at [c, tile] of a [C, P / 128] scale. The rows come as the tile's even
-    and odd rows, [BLOCK_M / 2, BLOCK_N] each (`common.transposed_row_pairs` says why); rows past the
-    expert's end must hold zeros (they are padding of the layout)."""
-    scale, inv = e4m3_scale(tl.maximum(tl.max(tl.abs(v_even), axis=0), tl.max(tl.abs(v_odd), axis=0)))
-    pairs = transposed_row_pairs(to_e4m3(v_even, inv[None, :], INTERPRET),
-                                 to_e4m3(v_odd, inv[None, :], INTERPRET))  # [BLOCK_N, BLOCK_M/2]
-    pair = tile.to(tl.int64) * (BLOCK_M // 2) + tl.arange(0, BLOCK_M // 2)
-    data_pairs = data_ptr.to(tl.pointer_type(tl.uint16))  # the output's rows, two tokens at a time
-    tl.store(data_pairs + offs_n.to(tl.int64)[:, None] * (P // 2) + pair[None, :], pairs, mask=n_ok[:, None])
+    scale per column of the tile, at [c, tile] of a [C, P / 128] scale. Rows past the expert's end must
+    hold zeros (they are padding of the layout)."""
+    scale, inv = e4m3_scale(tl.max(tl.abs(val), axis=0))
+    data = tl.trans(to_e4m3(val, inv[None, :], INTERPRET))  # [BLOCK_N, BLOCK_M]: stores along tokens
+    cols = tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(data_ptr + offs_n.to(tl.int64)[:, None] * P + cols[None, :], data, mask=n_ok[:, None])
     tl.store(scale_ptr + offs_n.to(tl.int64) * (P // BLOCK_M) + tile, scale, mask=n_ok)
 
 

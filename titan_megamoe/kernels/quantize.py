@@ -13,22 +13,10 @@ kernel's output is bitwise `quant`'s:
                                    transposed and tile-padded [C, num_tiles * 128], 1x128 blocks along
                                    the tokens (one block per tile and column)
                                    = quant.quantize_token_tiles(src[order // K], plan)
-  quantize_sorted_rows(src, plan)  quantize_rows(src)'s rows in the plan's sorted order (+ the token tiles)
 
 Every element of every output is written (the tiles past the real count too: zeros, scale 1), so no
 output needs a fill first and the POISON checks hold. Sizes follow from the shapes and the plan's
 layout: no launcher synchronises with the host.
-
-Speed. These kernels move a few hundred MB per call and should run near HBM bandwidth, but quantizing
-one element costs about 17 SASS instructions on sm_90 (most of them `to_e4m3`'s exact rounding), so
-instruction issue binds about as much as memory: each choice below removes instructions or registers
-(registers decide how many programs share an SM and hide each other's memory latency).
-- Sorted rows are quantized once per token and scattered to its K sorted positions (plan.inv_N): a
-  gather reads and quantizes each token row K times.
-- A transposed e4m3 store goes through `common.transposed_row_pairs` (pairs of rows as 16-bit elements).
-- Programs run column blocks first (`_row_major_program`).
-- Each kernel has a few launch shapes (`*_CONFIGS`; the launchers use `DEFAULT_CONFIGS`):
-  scripts/bench_quantize.py times them all on the GPU.
 """
 
 from __future__ import annotations
@@ -41,34 +29,11 @@ from .. import quant
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from ..validation import check_multiple_of
-from .common import INTERPRET, e4m3_scale, new_output, to_e4m3, transposed_row_pairs
+from .common import INTERPRET, e4m3_scale, new_output, to_e4m3
 
 BLOCK = quant.ACTIVATION_BLOCK[1]  # 128: the side of every scale block here (activations, weights, token blocks)
 _FLOAT_INPUTS = (torch.bfloat16, torch.float32)
 _HINT = "; block FP8 needs D and H to be multiples of 128: pad them or use precision='bf16'"
-
-# Launch shapes, by name: the kernel's block constexpr and launch options; scripts/bench_quantize.py times
-# every entry, the launchers use DEFAULT_CONFIGS. Elements per thread set the trade-off: more of them share
-# the per-block work (reductions, each block's scale: ~50 instructions) but need more registers, so fewer
-# programs fit on an SM. maxnreg 128 keeps two 8-warp (four 4-warp) programs per SM where Triton 3.6
-# would take a few registers more for no gain (compiled for sm_90: no spills at 128).
-SORTED_ROWS_CONFIGS = {  # BLOCK_R tokens x 128 columns per program, written to K sorted rows each
-    "r32w4": dict(BLOCK_R=32, num_warps=4),  # 32 elements per thread, ~64 registers
-    "r64w4": dict(BLOCK_R=64, num_warps=4),  # 64 elements per thread
-    "r64w8": dict(BLOCK_R=64, num_warps=8),  # 32 elements per thread, half the programs
-}
-TOKEN_TILE_CONFIGS = {  # one tile (128 sorted rows) x BLOCK_C columns per program
-    "c64w2": dict(BLOCK_C=64, num_warps=2),  # 128 elements per thread: fewest instructions, ~250 registers
-    "c128w4": dict(BLOCK_C=128, num_warps=4),  # 128 elements per thread, as many registers
-    "c128w8": dict(BLOCK_C=128, num_warps=8, maxnreg=128),  # 64 elements per thread: ~1.4x the instructions
-    "c64w4": dict(BLOCK_C=64, num_warps=4, maxnreg=128),  # 64 elements per thread, smaller programs
-}
-WEIGHT_PAIR_CONFIGS = {  # one 128x128 block per program
-    "w4": dict(num_warps=4),  # 128 elements per thread: fewest instructions, ~240 registers
-    "w8": dict(num_warps=8),  # 64 elements per thread: ~1.25x the instructions, ~128 registers
-    "w16": dict(num_warps=16),  # 32 elements per thread, ~64 registers
-}
-DEFAULT_CONFIGS = {"sorted_rows": "r32w4", "token_tiles": "c64w2", "weight_pair": "w4"}
 
 
 @triton.jit
@@ -78,15 +43,6 @@ def _fp32(x, INTERPRET: tl.constexpr):
     if INTERPRET and x.dtype == tl.bfloat16:
         return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
     return x.to(tl.float32)
-
-
-@triton.jit
-def _row_major_program(C, BLOCK_C: tl.constexpr):
-    """(row block, column block) of this program, column blocks first: consecutive programs read
-    consecutive pieces of the same source rows, so each row streams from DRAM in one go instead of one
-    128-column piece per pass over all rows."""
-    n_col_blocks = tl.cdiv(C, BLOCK_C)
-    return tl.program_id(0) // n_col_blocks, tl.program_id(0) % n_col_blocks
 
 
 def _check_input(where: str, t: torch.Tensor, ndims: tuple[int, ...], shape: str) -> None:
@@ -102,54 +58,29 @@ def _check_input(where: str, t: torch.Tensor, ndims: tuple[int, ...], shape: str
 
 
 # ------------------------------------------------------------------------------------------------
-# Rows: 1x128 blocks, in place or scattered into sorted order
+# Rows: 1x128 blocks
 # ------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _store_row_blocks(data_ptr, scale_ptr, rows, ok, cols, col_block, q, scale, C, BLOCK_C: tl.constexpr):
-    tl.store(data_ptr + rows[:, None] * C + cols[None, :], q, mask=ok[:, None])
-    tl.store(scale_ptr + rows * (C // BLOCK_C) + col_block, scale, mask=ok)
-
-
-@triton.jit
 def _quantize_rows_kernel(
-    x_ptr, dest_ptr, data_ptr, scale_ptr,  # x [R, C] (strided); dest [R * COPIES] int32 (SCATTER);
-    R, C, stride_r, stride_c,  # data [R or R * COPIES, C] e4m3; scale [R or R * COPIES, C / 128] fp32
-    COPIES: tl.constexpr, SCATTER: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    x_ptr, data_ptr, scale_ptr,  # x [R, C] (strided); data [R, C] e4m3; scale [R, C / 128] fp32
+    R, C, stride_r, stride_c,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    row_block, col_block = _row_major_program(C, BLOCK_C)
-    rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    col_block = tl.program_id(1)
     cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = rows < R
     rows = rows.to(tl.int64)
     x = _fp32(tl.load(x_ptr + rows[:, None] * stride_r + cols[None, :] * stride_c, mask=ok[:, None], other=0.0),
               INTERPRET)
     scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
-    q = to_e4m3(x, inv[:, None], INTERPRET, BF16_VALUED=x_ptr.dtype.element_ty == tl.bfloat16)
-    if SCATTER:  # row r's copy k goes to output row dest[r * COPIES + k]
-        for k in tl.static_range(COPIES):
-            dest = tl.load(dest_ptr + rows * COPIES + k, mask=ok, other=0).to(tl.int64)
-            _store_row_blocks(data_ptr, scale_ptr, dest, ok, cols, col_block, q, scale, C, BLOCK_C)
-    else:
-        _store_row_blocks(data_ptr, scale_ptr, rows, ok, cols, col_block, q, scale, C, BLOCK_C)
+    tl.store(data_ptr + rows[:, None] * C + cols[None, :], to_e4m3(x, inv[:, None], INTERPRET), mask=ok[:, None])
+    tl.store(scale_ptr + rows * (C // BLOCK_C) + col_block, scale, mask=ok)
 
 
-def _launch_rows(x_RC: torch.Tensor, dest: torch.Tensor | None, copies: int, config: dict) -> BlockScaled:
-    """x's rows in 1x128 blocks: in place, or row r's copy k at output row dest[r * copies + k]."""
-    R, C = x_RC.shape
-    data = new_output((R * copies, C), quant.E4M3, x_RC.device)
-    scale = new_output((R * copies, C // BLOCK), torch.float32, x_RC.device)
-    if R and C:
-        _quantize_rows_kernel[(triton.cdiv(R, config["BLOCK_R"]) * (C // BLOCK),)](
-            x_RC, data if dest is None else dest, data, scale, R, C, x_RC.stride(0), x_RC.stride(1),
-            COPIES=copies, SCATTER=dest is not None, BLOCK_C=BLOCK, INTERPRET=INTERPRET, **config,
-        )
-    return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
-
-
-_ROWS_CONFIG = dict(BLOCK_R=32, num_warps=4)
+_ROWS_PER_PROGRAM = 32
 
 
 def quantize_rows(x_RC: torch.Tensor) -> BlockScaled:
@@ -160,9 +91,18 @@ def quantize_rows(x_RC: torch.Tensor) -> BlockScaled:
     on the critical path; torch's version makes several full-size passes over x. One program quantizes 32 rows of one
     column block: each row's 128 values are its block, reduced in registers."""
     _check_input("quantize_rows", x_RC, (2,), "a 2-D operand [R, C]")
-    check_multiple_of(f"quantize_rows: shape {tuple(x_RC.shape)} in (1, {BLOCK}) blocks",
-                      {"C (columns)": x_RC.shape[1]}, BLOCK, _HINT)
-    return _launch_rows(x_RC, None, 1, _ROWS_CONFIG)
+    R, C = x_RC.shape
+    check_multiple_of(f"quantize_rows: shape {tuple(x_RC.shape)} in (1, {BLOCK}) blocks", {"C (columns)": C}, BLOCK,
+                      _HINT)
+    data = new_output((R, C), quant.E4M3, x_RC.device)
+    scale = new_output((R, C // BLOCK), torch.float32, x_RC.device)
+    if R == 0 or C == 0:
+        return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
+    _quantize_rows_kernel[(triton.cdiv(R, _ROWS_PER_PROGRAM), C // BLOCK)](
+        x_RC, data, scale, R, C, x_RC.stride(0), x_RC.stride(1),
+        BLOCK_R=_ROWS_PER_PROGRAM, BLOCK_C=BLOCK, INTERPRET=INTERPRET, num_warps=4,
+    )
+    return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -179,46 +119,21 @@ def _quantize_weight_pair_kernel(
     col_block = tl.program_id(0)
     row_block = tl.program_id(1)
     expert = tl.program_id(2).to(tl.int64)
-    pair = tl.arange(0, BLOCK // 2)
-    even = row_block * BLOCK + 2 * pair  # the block's even rows; the odd ones are a second tile (row pairs)
+    rows = row_block * BLOCK + tl.arange(0, BLOCK)
     cols = col_block * BLOCK + tl.arange(0, BLOCK)
-    w = w_ptr + expert * stride_e + cols[None, :] * stride_c
-    w_even = _fp32(tl.load(w + even[:, None] * stride_r), INTERPRET)
-    w_odd = _fp32(tl.load(w + (even + 1)[:, None] * stride_r), INTERPRET)
-    amax = tl.maximum(tl.max(tl.max(tl.abs(w_even), axis=1), axis=0), tl.max(tl.max(tl.abs(w_odd), axis=1), axis=0))
-    scale, inv = e4m3_scale(amax)
-    q_even = to_e4m3(w_even, inv, INTERPRET)
-    q_odd = to_e4m3(w_odd, inv, INTERPRET)
+    w = _fp32(tl.load(w_ptr + expert * stride_e + rows[:, None] * stride_r + cols[None, :] * stride_c), INTERPRET)
+    scale, inv = e4m3_scale(tl.max(tl.max(tl.abs(w), axis=1), axis=0))
+    q = to_e4m3(w, inv, INTERPRET)
     base = expert * R * C  # both copies hold R * C elements per expert
     n_row_blocks = R // BLOCK
     n_col_blocks = C // BLOCK
     blocks = expert * n_row_blocks * n_col_blocks
     if WRITE_W:
-        tl.store(data_ptr + base + even[:, None] * C + cols[None, :], q_even)
-        tl.store(data_ptr + base + (even + 1)[:, None] * C + cols[None, :], q_odd)
+        tl.store(data_ptr + base + rows[:, None] * C + cols[None, :], q)
         tl.store(scale_ptr + blocks + row_block * n_col_blocks + col_block, scale)
     if WRITE_WT:
-        data_t_pairs = data_t_ptr.to(tl.pointer_type(tl.uint16)) + base // 2  # W^T's rows, two bytes at a time
-        tl.store(data_t_pairs + cols[:, None] * (R // 2) + (row_block * (BLOCK // 2) + pair)[None, :],
-                 transposed_row_pairs(q_even, q_odd))
+        tl.store(data_t_ptr + base + cols[:, None] * R + rows[None, :], tl.trans(q))
         tl.store(scale_t_ptr + blocks + col_block * n_row_blocks + row_block, scale)
-
-
-def _launch_weight_pair(w: torch.Tensor, config: dict) -> tuple[BlockScaled, BlockScaled]:
-    E, R, C = w.shape
-    device = w.device
-    data = new_output((E, R, C), quant.E4M3, device)
-    scale = new_output((E, R // BLOCK, C // BLOCK), torch.float32, device)
-    data_t = new_output((E, C, R), quant.E4M3, device)
-    scale_t = new_output((E, C // BLOCK, R // BLOCK), torch.float32, device)
-    if E * R * C:
-        passes = [(True, True)] if w.dtype == torch.bfloat16 else [(True, False), (False, True)]
-        for write_w, write_wt in passes:
-            _quantize_weight_pair_kernel[(C // BLOCK, R // BLOCK, E)](
-                w, data, scale, data_t, scale_t, R, C, w.stride(0), w.stride(1), w.stride(2),
-                WRITE_W=write_w, WRITE_WT=write_wt, BLOCK=BLOCK, INTERPRET=INTERPRET, **config,
-            )
-    return BlockScaled(data, scale, quant.WEIGHT_BLOCK), BlockScaled(data_t, scale_t, quant.WEIGHT_BLOCK)
 
 
 def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]:
@@ -230,9 +145,8 @@ def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]
 
     Why one pass: the forward GEMMs read W and the backward's dgrad/dx read W^T, K-major both (what the
     FP8 MMA wants); a transposed block has the same amax, hence the same scale and the same values
-    transposed (quant.py), so each program loads its 128x128 block once, quantizes it once and writes
-    both copies (W^T through `common.transposed_row_pairs`). Weights change once per optimizer step: this runs
-    once per step, not per micro-batch.
+    transposed (quant.py), so each program loads its 128x128 block once and writes both copies. Weights
+    change once per optimizer step: this runs once per step, not per micro-batch.
 
     fp32 weights take two launches (W, then W^T): from an fp32 tile, Triton 3.6 on the H200 rounds about
     a third of W^T's elements wrongly when the same program also stores W (measured: W^T alone, both
@@ -240,12 +154,24 @@ def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]
     _check_input("quantize_weight_pair", w_ERC, (2, 3), "a weight [R, C] or one per expert [E, R, C]")
     two_d = w_ERC.dim() == 2
     w = w_ERC.unsqueeze(0) if two_d else w_ERC
+    E, R, C = w.shape
     check_multiple_of(f"quantize_weight_pair: shape {tuple(w_ERC.shape)} in ({BLOCK}, {BLOCK}) blocks",
-                      {"R (rows)": w.shape[1], "C (columns)": w.shape[2]}, BLOCK, _HINT)
-    W, Wt = _launch_weight_pair(w, WEIGHT_PAIR_CONFIGS[DEFAULT_CONFIGS["weight_pair"]])
+                      {"R (rows)": R, "C (columns)": C}, BLOCK, _HINT)
+    device = w.device
+    data = new_output((E, R, C), quant.E4M3, device)
+    scale = new_output((E, R // BLOCK, C // BLOCK), torch.float32, device)
+    data_t = new_output((E, C, R), quant.E4M3, device)
+    scale_t = new_output((E, C // BLOCK, R // BLOCK), torch.float32, device)
+    if E * R * C:
+        passes = [(True, True)] if w.dtype == torch.bfloat16 else [(True, False), (False, True)]
+        for write_w, write_wt in passes:
+            _quantize_weight_pair_kernel[(C // BLOCK, R // BLOCK, E)](
+                w, data, scale, data_t, scale_t, R, C, w.stride(0), w.stride(1), w.stride(2),
+                WRITE_W=write_w, WRITE_WT=write_wt, BLOCK=BLOCK, INTERPRET=INTERPRET, num_warps=8,
+            )
     if two_d:
-        W, Wt = (BlockScaled(q.data[0], q.scale[0], q.block) for q in (W, Wt))
-    return W, Wt
+        data, scale, data_t, scale_t = data[0], scale[0], data_t[0], scale_t[0]
+    return (BlockScaled(data, scale, quant.WEIGHT_BLOCK), BlockScaled(data_t, scale_t, quant.WEIGHT_BLOCK))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -254,64 +180,45 @@ def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]
 
 
 @triton.jit
-def _sorted_rows_fp32(src_ptr, order_ptr, rows, end, cols, col_ok, stride_r, stride_c,
-                      ROWS_PER_TOKEN: tl.constexpr, GATHER: tl.constexpr, INTERPRET: tl.constexpr):
-    """Sorted rows `rows` of the source (read by token through order when GATHER), zeros from row `end` on."""
-    ok = rows < end
-    if GATHER:  # a constexpr divisor: a shift for K = 8, where a runtime one costs ~20 instructions per row
-        src = tl.load(order_ptr + rows, mask=ok, other=0) // ROWS_PER_TOKEN
-    else:
-        src = rows
-    x = tl.load(src_ptr + src.to(tl.int64)[:, None] * stride_r + cols[None, :] * stride_c,
-                mask=ok[:, None] & col_ok[None, :], other=0.0)
-    return _fp32(x, INTERPRET)
-
-
-@triton.jit
 def _quantize_token_tiles_kernel(
     src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
     data_ptr, scale_ptr,  # data [C, num_tiles * 128] e4m3; scale [C, num_tiles] fp32
-    C, num_tiles, stride_r, stride_c,
-    ROWS_PER_TOKEN: tl.constexpr, GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    rows_ptr, rows_scale_ptr,  # WITH_ROWS: the same rows in sorted order, 1x128 blocks: [N, C], [N, C / 128]
+    C, num_tiles, rows_per_token, stride_r, stride_c,
+    GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, WITH_TILES: tl.constexpr,
+    WITH_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    tile, col_block = _row_major_program(C, BLOCK_C)
-    cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    tile = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < C
     expert = tl.load(tile_expert_ptr + tile)
     row0 = tl.load(tile_row_ptr + tile)
     # a spare tile (expert -1, first row 0) ends at 0: it has no rows and is written as zeros
     end = tl.where(expert >= 0, tl.load(offsets_ptr + tl.maximum(expert, 0) + 1), 0)
-    pair = tl.arange(0, BLOCK_M // 2)
-    even = row0 + 2 * pair  # the tile's even rows; the odd ones are a second tile (row pairs)
-    x_even = _sorted_rows_fp32(src_ptr, order_ptr, even, end, cols, col_ok, stride_r, stride_c,
-                               ROWS_PER_TOKEN, GATHER, INTERPRET)
-    x_odd = _sorted_rows_fp32(src_ptr, order_ptr, even + 1, end, cols, col_ok, stride_r, stride_c,
-                              ROWS_PER_TOKEN, GATHER, INTERPRET)
-    # one block per column: the tile's rows
-    scale, inv = e4m3_scale(tl.maximum(tl.max(tl.abs(x_even), axis=0), tl.max(tl.abs(x_odd), axis=0)))
-    pairs = transposed_row_pairs(to_e4m3(x_even, inv[None, :], INTERPRET), to_e4m3(x_odd, inv[None, :], INTERPRET))
-    cols = cols.to(tl.int64)
-    P = num_tiles * BLOCK_M
-    data_pairs = data_ptr.to(tl.pointer_type(tl.uint16))  # the output's rows, two bytes at a time
-    tl.store(data_pairs + cols[:, None] * (P // 2) + tile * (BLOCK_M // 2) + pair[None, :], pairs, mask=col_ok[:, None])
-    tl.store(scale_ptr + cols * num_tiles + tile, scale, mask=col_ok)
+    i = tl.arange(0, BLOCK_M)
+    rows = row0 + i  # sorted rows of this tile; the ones past the expert's end are zeros
+    row_ok = rows < end
+    if GATHER:
+        src = tl.load(order_ptr + rows, mask=row_ok, other=0) // rows_per_token
+    else:
+        src = rows
+    x = _fp32(tl.load(src_ptr + src.to(tl.int64)[:, None] * stride_r + cols[None, :] * stride_c,
+                      mask=row_ok[:, None] & col_ok[None, :], other=0.0), INTERPRET)  # [BLOCK_M, BLOCK_C]
+    if WITH_ROWS:  # BLOCK_C == 128: one block per row; only the tile's own rows are written
+        row_scale, row_inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
+        qr = to_e4m3(x, row_inv[:, None], INTERPRET)
+        tl.store(rows_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], qr, mask=row_ok[:, None] & col_ok[None, :])
+        tl.store(rows_scale_ptr + rows.to(tl.int64) * (C // BLOCK_C) + tl.program_id(1), row_scale, mask=row_ok)
+    if WITH_TILES:
+        scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=0))  # one block per column: the tile's rows
+        q = to_e4m3(x, inv[None, :], INTERPRET)
+        cols = cols.to(tl.int64)
+        P = num_tiles * BLOCK_M
+        tl.store(data_ptr + cols[:, None] * P + tile * BLOCK_M + i[None, :], tl.trans(q), mask=col_ok[:, None])
+        tl.store(scale_ptr + cols * num_tiles + tile, scale, mask=col_ok)
 
 
-def _launch_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, K: int, sorted_rows: bool,
-                        config: dict) -> BlockScaled:
-    C = src_RC.shape[1]
-    num_tiles = plan.layout.num_tiles
-    bm = plan.layout.block_m
-    data = new_output((C, num_tiles * bm), quant.E4M3, src_RC.device)
-    scale = new_output((C, num_tiles), torch.float32, src_RC.device)
-    if num_tiles and C:
-        _quantize_token_tiles_kernel[(num_tiles * triton.cdiv(C, config["BLOCK_C"]),)](
-            src_RC, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, data, scale,
-            C, num_tiles, src_RC.stride(0), src_RC.stride(1),
-            ROWS_PER_TOKEN=K, GATHER=not sorted_rows, BLOCK_M=bm, INTERPRET=INTERPRET, **config,
-        )
-    return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
+_TOKEN_TILE_COLS = 128
 
 
 def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: bool = False) -> BlockScaled:
@@ -326,11 +233,11 @@ def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: b
 
     Why this layout: a weight-gradient GEMM reduces over each expert's tokens, so its FP8 operands need
     scales along the tokens (a block restarting at each expert's first row, the plan's tiles) and the
-    token dimension contiguous (K-major for the MMA). One program gathers one tile's 128 rows for a block
-    of columns (masked: no copy of the sorted rows is made), takes each column's amax over the rows and
-    writes the block transposed (`common.transposed_row_pairs`)."""
+    token dimension contiguous (K-major for the MMA). One program gathers one tile's 128 rows for 128
+    columns (masked: no copy of the sorted rows is made), takes each column's amax over the rows and
+    writes the block transposed."""
     K = _check_gathered("quantize_token_tiles", src_RC, plan, sorted_rows, tiles=True)
-    return _launch_token_tiles(src_RC, plan, K, sorted_rows, TOKEN_TILE_CONFIGS[DEFAULT_CONFIGS["token_tiles"]])
+    return _gathered(src_RC, plan, K, sorted_rows, tiles=True, rows=False)[0]
 
 
 def _check_gathered(where: str, src_RC, plan: RoutingPlan, sorted_rows: bool, tiles: bool) -> int:
@@ -350,20 +257,37 @@ def _check_gathered(where: str, src_RC, plan: RoutingPlan, sorted_rows: bool, ti
     return K
 
 
+def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool, rows: bool):
+    C = src_RC.shape[1]
+    N = plan.num_rows
+    num_tiles = plan.layout.num_tiles
+    bm = plan.layout.block_m
+    dev = src_RC.device
+    data, scale = ((new_output((C, num_tiles * bm), quant.E4M3, dev), new_output((C, num_tiles), torch.float32, dev))
+                   if tiles else (None, None))
+    rows_data, rows_scale = ((new_output((N, C), quant.E4M3, dev), new_output((N, C // BLOCK), torch.float32, dev))
+                             if rows else (None, None))
+    if num_tiles and C:
+        some = data if tiles else rows_data
+        _quantize_token_tiles_kernel[(num_tiles, triton.cdiv(C, _TOKEN_TILE_COLS))](
+            src_RC, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
+            data if tiles else some, scale if tiles else some, rows_data if rows else some,
+            rows_scale if rows else some, C, num_tiles, K, src_RC.stride(0), src_RC.stride(1),
+            GATHER=not sorted_rows, BLOCK_M=bm, BLOCK_C=_TOKEN_TILE_COLS, WITH_TILES=tiles, WITH_ROWS=rows,
+            INTERPRET=INTERPRET, num_warps=8,
+        )
+    return (BlockScaled(data, scale, quant.ACTIVATION_BLOCK) if tiles else None,
+            BlockScaled(rows_data, rows_scale, quant.ACTIVATION_BLOCK) if rows else None)
+
+
 def quantize_sorted_rows(src_RC: torch.Tensor, plan: RoutingPlan, with_tiles: bool = False):
     """The plan's expert-sorted rows of src (row p = src_RC[order[p] // rows_per_token]) quantized in 1x128
     row blocks, [N, C] (+ scale [N, C / 128]): bitwise quantize_rows(src_RC)'s rows gathered into sorted
-    order. With `with_tiles` also `quantize_token_tiles(src_RC, plan)`: returns (rows, tiles). Why: a GEMM
-    whose rows are contiguous in sorted order reads them through TMA, where a gathered FP8 tile costs 64
-    address registers per thread (the gathering GEMM1 and dgrad spilled).
-
-    Each source row is read and quantized once and its K copies scattered to their sorted positions
-    (plan.inv_N[t * K + k]): a sorted row's blocks depend on its token's values only. The tiles take a
-    second, gathering kernel: their blocks span the tile's tokens."""
+    order. With `with_tiles` also `quantize_token_tiles(src_RC, plan)` from the same read: returns
+    (rows, tiles). Why: a GEMM whose rows are contiguous in sorted order reads them through TMA, where a
+    gathered FP8 tile costs 64 address registers per thread (the gathering GEMM1 and dgrad spilled)."""
     K = _check_gathered("quantize_sorted_rows", src_RC, plan, False, tiles=with_tiles)
     check_multiple_of(f"quantize_sorted_rows: shape {tuple(src_RC.shape)}", {"C (columns)": src_RC.shape[1]}, BLOCK,
                       _HINT)
-    rows = _launch_rows(src_RC, plan.inv_N, K, SORTED_ROWS_CONFIGS[DEFAULT_CONFIGS["sorted_rows"]])
-    if not with_tiles:
-        return rows
-    return rows, _launch_token_tiles(src_RC, plan, K, False, TOKEN_TILE_CONFIGS[DEFAULT_CONFIGS["token_tiles"]])
+    tiles, rows = _gathered(src_RC, plan, K, False, tiles=with_tiles, rows=True)
+    return (rows, tiles) if with_tiles else rows
