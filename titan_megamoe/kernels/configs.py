@@ -50,7 +50,8 @@ class TileConfig:
 ROW_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")
 WGRAD_KERNELS = ("wgrad_w2", "wgrad_w13")
 KERNELS = ROW_KERNELS + WGRAD_KERNELS
-# every row-tiled kernel uses this BLOCK_M so that one tile schedule serves the whole pipeline
+# the routing plan's tile rows: one tile schedule serves every row-tiled kernel, whose programs take a
+# tile whole or in equal parts (TileConfig.block_m divides it)
 ROW_BLOCK_M = 128
 # defaults for shapes the table lacks: the winners at Qwen3-30B-A3B's shape on the H200 (split dgrad and
 # TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where a tensor does not allow it).
@@ -82,7 +83,7 @@ _GPU_DEFAULTS_FP8 = {
     "wgrad_w13": _FP8_HALF_TILE,
 }
 # the interpreter runs on CPU: small tiles keep the tests fast (FP8: the blocks above fix BLOCK_K, and
-# BLOCK_M of the row kernels, at 128)
+# the plan's tiles, at 128)
 _INTERPRETER = TileConfig(16, 32, 32, 4, 1)
 _INTERPRETER_FP8 = {  # half-tile programs (block_m 64) in three of the row kernels: both schedules tested
     "gemm1_swiglu": TileConfig(64, 64, FP8_BLOCK, 4, 1),
