@@ -2,7 +2,7 @@
 count in the SASS (QGMMA: FP8, HGMMA: bf16), with Triton's bundled ptxas and cuobjdump: no GPU needed.
 
     env -u TRITON_INTERPRET python scripts/sm90_resources.py            # every row of docs/kernels.md
-    env -u TRITON_INTERPRET python scripts/sm90_resources.py "dgrad q 128"
+    env -u TRITON_INTERPRET python scripts/sm90_resources.py "dgrad q 64 rows 4 warps"
 
 `compile_sm90` is also what the weight-gradient tests use (tests/test_kernel_wgrad.py, test_wgrad_fp8.py)
 to check the shipped configs. Run it without TRITON_INTERPRET: under the interpreter triton's own
@@ -95,15 +95,14 @@ def dswiglu_fp8(num_warps: int):
     return compile_sm90(_dswiglu_fp8_kernel, sig, dict(BLOCK=128, INTERPRET=False), aligned, num_warps, 1)
 
 
-JOBS = {
-    "gemm1 shipped 2x64 halves": lambda: gemm1(64),
+JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/configs.py)
+    "gemm1 128 rows 8 warps": lambda: gemm1(64),
     "gemm1 64 rows 4 warps": lambda: gemm1(64, block_m=64, num_warps=4),
-    "gemm2 first version 256": lambda: grouped_gemm(256, False),
-    "gemm2 shipped 128": lambda: grouped_gemm(128, False),
+    "gemm2 128 rows 8 warps": lambda: grouped_gemm(128, False),
     "gemm2 64 rows 4 warps": lambda: grouped_gemm(128, False, block_m=64, num_warps=4),
-    "dx shipped 128": lambda: grouped_gemm(128, True),
+    "dx 128 rows 8 warps": lambda: grouped_gemm(128, True),
     "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
-    "dgrad q 128": lambda: grouped_gemm(128, False, sorted_out=True),
+    "dgrad q 128 rows 8 warps": lambda: grouped_gemm(128, False, sorted_out=True),
     "dgrad q 64 rows 4 warps": lambda: grouped_gemm(128, False, block_m=64, num_warps=4, sorted_out=True),
     "dswiglu fp8 8 warps": lambda: dswiglu_fp8(8),
     "dswiglu fp8 16 warps": lambda: dswiglu_fp8(16),

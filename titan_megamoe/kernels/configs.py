@@ -23,7 +23,7 @@ from .common import INTERPRET
 
 @dataclass(frozen=True)
 class TileConfig:
-    block_m: int  # row-tiled kernels: sorted rows per program (the plan's tile or an equal part of it); wgrad: output rows
+    block_m: int  # row-tiled kernels: sorted rows per program (a plan tile or an equal part); wgrad: output rows
     block_n: int  # output columns (dgrad_swiglu: per accumulator, a program has two)
     block_k: int  # reduction step (wgrad: expert rows per step)
     num_warps: int

@@ -34,10 +34,10 @@ import triton.language as tl
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, e4m3_scale, new_output, to_e4m3
+from .common import INTERPRET, new_output
 from .configs import FP8_BLOCK as _FP8_BLOCK
 from .configs import programs_per_plan_tile, tile_config
-from .epilogue import dswiglu, dswiglu_values_bf16, store_sorted, store_token_tile
+from .epilogue import dswiglu, dswiglu_values_bf16, store_rows_fp8, store_sorted, store_token_tile
 from .grouped_gemm import expert_h_grad
 from .mainloop import row_mainloop
 from .schedule import row_tile
@@ -140,17 +140,9 @@ def _dswiglu_fp8_kernel(
     store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
     store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
     store_token_tile(dut_ptr, dut_s_ptr, du, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
-    _store_rows_e4m3(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, H, pid_n, INTERPRET)
-    _store_rows_e4m3(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, H, pid_n, INTERPRET)
+    store_rows_fp8(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, H, pid_n, INTERPRET)
+    store_rows_fp8(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, H, pid_n, INTERPRET)
     tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
-
-
-@triton.jit
-def _store_rows_e4m3(data_ptr, scale_ptr, v, rows, row_ok, offs_n, H, block, INTERPRET: tl.constexpr):
-    """One 1x128 block per row of v [BLOCK_M, 128] (scales [N, H/128])."""
-    scale, inv = e4m3_scale(tl.max(tl.abs(v), axis=1))
-    store_sorted(data_ptr, to_e4m3(v, inv[:, None], INTERPRET), rows, row_ok, offs_n, offs_n < H, H, INTERPRET)
-    tl.store(scale_ptr + rows.to(tl.int64) * (H // 128) + block, scale, mask=row_ok)
 
 
 _ROWS_BLOCK_M, _ROWS_BLOCK_N = 64, 128

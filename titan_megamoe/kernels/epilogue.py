@@ -84,10 +84,24 @@ def dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: 
 
 
 @triton.jit
-def store_rows_fp8(data_ptr, scale_ptr, v0, v1, rows, row_ok, offs_n0, offs_n1, H, block, INTERPRET: tl.constexpr):
-    """Quantize two column halves [BLOCK_M, 64] of one 128-wide block of rows (1x128 scales, [N, H/128])."""
-    amax = tl.maximum(tl.max(tl.abs(v0), axis=1), tl.max(tl.abs(v1), axis=1))
-    scale, inv = e4m3_scale(amax)
+def _store_row_block(data_ptr, scale_ptr, scale, inv, v0, rows, row_ok, offs_n0, H, block, INTERPRET: tl.constexpr,
+                     v1=None, offs_n1=None):
     store_sorted(data_ptr, to_e4m3(v0, inv[:, None], INTERPRET), rows, row_ok, offs_n0, offs_n0 < H, H, INTERPRET)
-    store_sorted(data_ptr, to_e4m3(v1, inv[:, None], INTERPRET), rows, row_ok, offs_n1, offs_n1 < H, H, INTERPRET)
+    if v1 is not None:
+        store_sorted(data_ptr, to_e4m3(v1, inv[:, None], INTERPRET), rows, row_ok, offs_n1, offs_n1 < H, H, INTERPRET)
     tl.store(scale_ptr + rows.to(tl.int64) * (H // 128) + block, scale, mask=row_ok)
+
+
+@triton.jit
+def store_rows_fp8(data_ptr, scale_ptr, v, rows, row_ok, offs_n, H, block, INTERPRET: tl.constexpr):
+    """Quantize one 128-wide block of rows, v [BLOCK_M, 128] (1x128 scales, [N, H/128])."""
+    scale, inv = e4m3_scale(tl.max(tl.abs(v), axis=1))
+    _store_row_block(data_ptr, scale_ptr, scale, inv, v, rows, row_ok, offs_n, H, block, INTERPRET)
+
+
+@triton.jit
+def store_row_halves_fp8(data_ptr, scale_ptr, v0, v1, rows, row_ok, offs_n0, offs_n1, H, block,
+                         INTERPRET: tl.constexpr):
+    """`store_rows_fp8` of a block held as two column halves [BLOCK_M, 64]."""
+    scale, inv = e4m3_scale(tl.maximum(tl.max(tl.abs(v0), axis=1), tl.max(tl.abs(v1), axis=1)))
+    _store_row_block(data_ptr, scale_ptr, scale, inv, v0, rows, row_ok, offs_n0, H, block, INTERPRET, v1, offs_n1)

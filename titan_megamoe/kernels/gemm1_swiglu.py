@@ -28,7 +28,7 @@ from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import INTERPRET, cast_rne, matrix_descriptor, new_output, tma_ok
 from .configs import programs_per_plan_tile, tile_config
-from .epilogue import store_rows_fp8, store_sorted, swiglu
+from .epilogue import store_row_halves_fp8, store_sorted, swiglu
 from .mainloop import row_mainloop
 from .schedule import row_tile
 
@@ -99,7 +99,7 @@ def _gemm1_swiglu_kernel(
         # h rounded to bf16 first (the value the emulation quantizes), then one scale per row
         h0 = cast_rne(h0, tl.bfloat16, INTERPRET).to(tl.float32)
         h1 = cast_rne(swiglu(g1, u1), tl.bfloat16, INTERPRET).to(tl.float32)
-        store_rows_fp8(h_ptr, hs_ptr, h0, h1, rows, row_ok, offs_n0, offs_n1, H, pid_n, INTERPRET)
+        store_row_halves_fp8(h_ptr, hs_ptr, h0, h1, rows, row_ok, offs_n0, offs_n1, H, pid_n, INTERPRET)
     else:
         store_sorted(h_ptr, h0, rows, row_ok, offs_n0, offs_n0 < H, H, INTERPRET)
 
@@ -137,7 +137,8 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     _gemm1_swiglu_kernel[grid](
         x_in, w1_t, w3_t, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, g, u, h, *scales,
         D, H, plan.rows_per_token, x.stride(0), w1.stride(0), w1.stride(1),
-        BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, A_TMA=a_tma, W_TMA=use_tma, FP8=fp8,
+        BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, A_TMA=a_tma,
+        W_TMA=use_tma, FP8=fp8,
         INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return g, u, h_out

@@ -69,9 +69,11 @@ def row_mainloop(acc0, acc1, a_src, a_off, row_ok, a_row, b0_src, b1_src, b_off,
             # MMA accumulates with reduced precision, so a long K must not stay inside it: DeepSeek-V3's
             # promotion); the row scales are [rows, KD / 128], the weight block scales [n_block, k_block]
             sa = tl.load(a_scale + a_scale_off + k, mask=row_ok, other=0.0)
-            acc0 += mma(a, b0, tl.zeros_like(acc0), INTERPRET) * (sa * tl.load(b0_scale + b0_scale_off + k))[:, None]
+            s0 = sa * tl.load(b0_scale + b0_scale_off + k)
+            acc0 += mma(a, b0, tl.zeros_like(acc0), INTERPRET) * s0[:, None]
             if TWO_B:
-                acc1 += mma(a, b1, tl.zeros_like(acc1), INTERPRET) * (sa * tl.load(b1_scale + b1_scale_off + k))[:, None]
+                s1 = sa * tl.load(b1_scale + b1_scale_off + k)
+                acc1 += mma(a, b1, tl.zeros_like(acc1), INTERPRET) * s1[:, None]
         else:
             acc0 = mma(a, b0, acc0, INTERPRET)
             if TWO_B:
