@@ -168,6 +168,28 @@ def test_noise_floor_runs_one_backend_twice(fake_trainer, tmp_path, capsys):
     assert "stock_repeat/stock" in (out / "ab.md").read_text()
 
 
+def test_repeat_args_change_the_second_arm_only(fake_trainer, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = ab_cli.main(["--config", str(fake_trainer), "--steps", "3", "--warmup", "1", "--out", str(out),
+                      "--arms", "mega_moe,mega_moe", "--mega-args", "--training.seq_len 32",
+                      "--repeat-args", "--optimizer.lr 1e-3"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    record = json.loads((out / "ab.json").read_text())
+    first, second = (record["arms"][a] for a in ("mega_moe", "mega_moe_repeat"))
+    assert first["arm_overrides"] == ["--training.seq_len", "32"]
+    assert second["arm_overrides"] == ["--training.seq_len", "32", "--optimizer.lr", "1e-3"]
+    assert "--optimizer.lr" not in first["command"] and second["command"][-2:] == ["--optimizer.lr", "1e-3"]
+    assert "optimizer.lr" in record["comparison"]["arms_differ_in"]
+    assert "mega_moe vs mega_moe_repeat (one backend twice, the second with --repeat-args)" in captured.out
+
+
+def test_repeat_args_need_a_repeated_arm(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ab_cli.main(["--repeat-args", "--optimizer.lr 1e-3", "--out", str(tmp_path / "o")])
+    assert "--repeat-args needs one kind twice in --arms" in capsys.readouterr().err
+
+
 def test_bad_arms_value(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab_cli.main(["--arms", "stock,fast", "--out", str(tmp_path / "o")])

@@ -12,7 +12,7 @@ import torch
 from titan_megamoe import oracle, quant
 from titan_megamoe.kernels.common import new_output
 from titan_megamoe.kernels.quantize import (quantize_rows, quantize_sorted_rows, quantize_token_tiles,
-                                            quantize_weight_pair)
+                                            quantize_weight_pair, quantize_weight_transposed)
 from titan_megamoe.kernels.routing_meta import build_routing_plan
 from titan_megamoe.plan import max_tiles
 
@@ -117,6 +117,8 @@ def test_quantize_weight_pair_matches_quant(dtype, shape):
     W, Wt = quantize_weight_pair(w.to(DEVICE))
     _assert_bitwise(W, quant.quantize_weight(w), f"W {shape} {dtype}")
     _assert_bitwise(Wt, quant.quantize_weight(w.transpose(-2, -1).contiguous()), f"W^T {shape} {dtype}")
+    _assert_bitwise(quantize_weight_transposed(w.to(DEVICE)), quant.quantize_weight(w.transpose(-2, -1).contiguous()),
+                    f"W^T alone {shape} {dtype}")
     first_W, first_Wt = (W.data, Wt.scale) if len(shape) == 2 else (W.data[0], Wt.scale[0])
     assert float(first_Wt[-1, -1]) == 1.0 and not bool(_bytes(first_W[-128:, -128:]).any()), "zero block"
     # the cast's corner cases occur in the weight blocks too

@@ -203,9 +203,10 @@ def moe(
         topk_ids_TK: expert of each token's k-th choice [T, K], int32 or int64, values in [0, E).
         topk_scores_TK: routing weight of each choice [T, K] (fp32 as TorchTitan's router makes them).
         w1_EFD, w3_EFD: gate and up projections [E, F, D] (TorchTitan layout); w2_EDF: down [E, D, F].
-        precision: "bf16"; "fp8" (block FP8 forward and backward) and "fp8_bwd" (bf16 forward, block FP8
-            backward): emulated on backend="reference" only (the Triton FP8 kernels are not written yet:
-            NotImplementedError there), D and H multiples of 128; "mxfp8" (Blackwell only).
+        precision: "bf16"; "fp8" (block FP8 forward and backward: 1x128 activation and 128x128 weight
+            scales) and "fp8_bwd" (bf16 forward, block FP8 backward), D and H multiples of 128, on the
+            Triton kernels or emulated by backend="reference" (their oracle); "mxfp8" (Blackwell only: an
+            error on Hopper).
         backend: "triton" (fused kernels, CUDA), "reference" (pure PyTorch, any device) or "auto".
         ep_group: a torch.distributed process group for expert parallelism (None: all experts are local).
             Its rank r holds the weights of global experts [r*E_local, (r+1)*E_local) (E_local = the

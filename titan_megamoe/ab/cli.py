@@ -36,7 +36,8 @@ DEFAULT_STEPS = 12
 DEFAULT_WARMUP = 2
 DEFAULT_SEED = 42
 ARM_KINDS = {"stock": False, "mega_moe": True}  # kind -> [mega_moe] enable
-ARM_ARGS = {"--stock-args": "stock", "--mega-args": "mega_moe"}  # per-arm overrides option -> arm kind
+ARM_ARGS = {"--stock-args": "stock", "--mega-args": "mega_moe",  # per-arm overrides option -> arm kind
+            "--repeat-args": "repeat"}  # ... and for the second arm of a repeated kind only
 DEFAULT_ARMS = "stock,mega_moe"
 SAVED_CONFIG = "resolved_config.json"  # written by the trainer into each arm's dump folder
 # Overrides that would break the comparison or the parsing; each has its own option here.
@@ -77,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         "measure the run-to-run noise floor of one backend",
     )
     for option, kind in ARM_ARGS.items():  # taken out of argv before argparse (their values start with --)
+        if kind == "repeat":
+            p.add_argument(option, metavar='"ARGS"', default="",
+                           help="with --arms stock,stock or mega_moe,mega_moe: overrides for the second arm only "
+                           "(after that kind's own), e.g. --arms mega_moe,mega_moe --repeat-args "
+                           "\"--mega_moe.precision fp8\" compares mega_moe bf16 with mega_moe fp8")
+            continue
         p.add_argument(option, metavar='"ARGS"', default="",
                        help=f"TorchTitan overrides for the {kind} arm(s) only, one quoted string, "
                        f"e.g. {option} \"--compile.enable\"")
@@ -102,7 +109,7 @@ def take_arm_args(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     """Remove `--stock-args V` / `--mega-args=V` from our options: (rest, {arm kind: overrides}).
 
     argparse would read a value starting with `--` as an option, so these two are taken out first."""
-    rest, per_kind, i = [], {kind: [] for kind in ARM_KINDS}, 0
+    rest, per_kind, i = [], {kind: [] for kind in ARM_ARGS.values()}, 0
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
         if name in ARM_ARGS:
@@ -118,6 +125,12 @@ def take_arm_args(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
             rest.append(argv[i])
         i += 1
     return rest, per_kind
+
+
+def own_overrides(arm_args: dict[str, list[str]], arm: str, mega: bool) -> list[str]:
+    """The overrides of one arm only: its kind's, then --repeat-args for the second arm of a repeated kind."""
+    own = arm_args["mega_moe" if mega else "stock"]
+    return own + arm_args["repeat"] if arm.endswith("_repeat") else own
 
 
 def _split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -259,12 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         arms = parse_arms(args.arms)
     except ValueError as e:
         parser.error(str(e))
+    if arm_args["repeat"] and not arms[1][0].endswith("_repeat"):
+        parser.error(f"--repeat-args needs one kind twice in --arms (e.g. mega_moe,mega_moe), got {args.arms!r}")
     try:
         config_path = cfg.resolve_config_path(args.config)
         arm_values = {}
         for arm, mega in arms:
-            kind = "mega_moe" if mega else "stock"
-            arm_overrides = overrides + arm_args[kind]
+            arm_overrides = overrides + own_overrides(arm_args, arm, mega)
             keys = {k for k, _ in cfg.parse_overrides(arm_overrides)}
             for key, why in RESERVED.items():
                 if key in keys:
@@ -295,8 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         for arm, mega in arms:
-            own = arm_args["mega_moe" if mega else "stock"]
-            command = arm_command(args, config_path, out, arm, mega, overrides + own)
+            command = arm_command(args, config_path, out, arm, mega, overrides + own_overrides(arm_args, arm, mega))
             result = run_arm(arm, command, out / f"{arm}.log", args.steps)
             results.append((result, mega))
             if result.interrupted:
@@ -320,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         "arm_order": [name for name, _ in arms],
         "interrupted": interrupted,
         "arms": {
-            r.name: _arm_record(r, args, arm_values[r.name], mega, out, arm_args["mega_moe" if mega else "stock"])
+            r.name: _arm_record(r, args, arm_values[r.name], mega, out, own_overrides(arm_args, r.name, mega))
             for r, mega in results
         },
     }

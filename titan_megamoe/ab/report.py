@@ -65,6 +65,9 @@ def _title(record: dict) -> str:
     base, cand = arm_order(record)
     if (base, cand) == ARMS:
         return "stock TorchTitan MoE vs mega_moe"
+    repeat = record["arms"].get(cand, {}).get("arm_overrides") != record["arms"].get(base, {}).get("arm_overrides")
+    if repeat:
+        return f"{base} vs {cand} (one backend twice, the second with --repeat-args)"
     return f"{base} vs {cand} (one backend twice: the run-to-run noise floor)"
 
 

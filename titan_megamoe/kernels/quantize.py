@@ -9,6 +9,7 @@ kernel's output is bitwise `quant`'s:
   quantize_weight_pair(w_ERC)      128x128 blocks of each expert's weight, as W [E, R, C] and W^T
                                    [E, C, R] from one read of w: GEMM1/GEMM2 use W, dgrad/dx use W^T
                                    = quant.quantize_weight(w), quant.quantize_weight(w^T)
+                                   (quantize_weight_transposed(w_ERC): W^T alone)
   quantize_token_tiles(src, plan)  the weight-gradient operand: the plan's expert-sorted rows, stored
                                    transposed and tile-padded [C, num_tiles * 128], 1x128 blocks along
                                    the tokens (one block per tile and column)
@@ -145,25 +146,35 @@ def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]
 
     Why one pass: the forward GEMMs read W and the backward's dgrad/dx read W^T, K-major both (what the
     FP8 MMA wants); a transposed block has the same amax, hence the same scale and the same values
-    transposed (quant.py), so each program loads its 128x128 block once and writes both copies. Weights
-    change once per optimizer step: this runs once per step, not per micro-batch.
+    transposed (quant.py), so each program loads its 128x128 block once and writes both copies.
 
     fp32 weights take two launches (W, then W^T): from an fp32 tile, Triton 3.6 on the H200 rounds about
     a third of W^T's elements wrongly when the same program also stores W (measured: W^T alone, both
     copies from a bf16 tile, or casting values already rounded to e4m3 all come out right)."""
-    _check_input("quantize_weight_pair", w_ERC, (2, 3), "a weight [R, C] or one per expert [E, R, C]")
+    w, wt = _quantize_weight("quantize_weight_pair", w_ERC, want_w=True)
+    return w, wt
+
+
+def quantize_weight_transposed(w_ERC: torch.Tensor) -> BlockScaled:
+    """W^T alone, as `quantize_weight_pair` makes it (for the `fp8_bwd` backward: its forward ran bf16)."""
+    return _quantize_weight("quantize_weight_transposed", w_ERC, want_w=False)[1]
+
+
+def _quantize_weight(where: str, w_ERC: torch.Tensor, want_w: bool):
+    _check_input(where, w_ERC, (2, 3), "a weight [R, C] or one per expert [E, R, C]")
     two_d = w_ERC.dim() == 2
     w = w_ERC.unsqueeze(0) if two_d else w_ERC
     E, R, C = w.shape
-    check_multiple_of(f"quantize_weight_pair: shape {tuple(w_ERC.shape)} in ({BLOCK}, {BLOCK}) blocks",
+    check_multiple_of(f"{where}: shape {tuple(w_ERC.shape)} in ({BLOCK}, {BLOCK}) blocks",
                       {"R (rows)": R, "C (columns)": C}, BLOCK, _HINT)
     device = w.device
-    data = new_output((E, R, C), quant.E4M3, device)
-    scale = new_output((E, R // BLOCK, C // BLOCK), torch.float32, device)
     data_t = new_output((E, C, R), quant.E4M3, device)
     scale_t = new_output((E, C // BLOCK, R // BLOCK), torch.float32, device)
+    data, scale = ((new_output((E, R, C), quant.E4M3, device), new_output((E, R // BLOCK, C // BLOCK), torch.float32,
+                                                                          device))
+                   if want_w else (data_t, scale_t))  # not written when W is not wanted
     if E * R * C:
-        passes = [(True, True)] if w.dtype == torch.bfloat16 else [(True, False), (False, True)]
+        passes = [(want_w, True)] if w.dtype == torch.bfloat16 or not want_w else [(True, False), (False, True)]
         for write_w, write_wt in passes:
             _quantize_weight_pair_kernel[(C // BLOCK, R // BLOCK, E)](
                 w, data, scale, data_t, scale_t, R, C, w.stride(0), w.stride(1), w.stride(2),
@@ -171,7 +182,8 @@ def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]
             )
     if two_d:
         data, scale, data_t, scale_t = data[0], scale[0], data_t[0], scale_t[0]
-    return (BlockScaled(data, scale, quant.WEIGHT_BLOCK), BlockScaled(data_t, scale_t, quant.WEIGHT_BLOCK))
+    wt = BlockScaled(data_t, scale_t, quant.WEIGHT_BLOCK)
+    return (BlockScaled(data, scale, quant.WEIGHT_BLOCK) if want_w else None), wt
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,12 +197,10 @@ def _quantize_token_tiles_kernel(
     data_ptr, scale_ptr,  # data [C, num_tiles * 128] e4m3; scale [C, num_tiles] fp32
     rows_ptr, rows_scale_ptr,  # WITH_ROWS: the same rows in sorted order, 1x128 blocks: [N, C], [N, C / 128]
     C, num_tiles, rows_per_token, stride_r, stride_c,
-    GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, WITH_TILES: tl.constexpr,
-    WITH_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+    GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, COL_BLOCKS: tl.constexpr,
+    WITH_TILES: tl.constexpr, WITH_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     tile = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_ok = cols < C
     expert = tl.load(tile_expert_ptr + tile)
     row0 = tl.load(tile_row_ptr + tile)
     # a spare tile (expert -1, first row 0) ends at 0: it has no rows and is written as zeros
@@ -202,23 +212,33 @@ def _quantize_token_tiles_kernel(
         src = tl.load(order_ptr + rows, mask=row_ok, other=0) // rows_per_token
     else:
         src = rows
-    x = _fp32(tl.load(src_ptr + src.to(tl.int64)[:, None] * stride_r + cols[None, :] * stride_c,
-                      mask=row_ok[:, None] & col_ok[None, :], other=0.0), INTERPRET)  # [BLOCK_M, BLOCK_C]
-    if WITH_ROWS:  # BLOCK_C == 128: one block per row; only the tile's own rows are written
-        row_scale, row_inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
-        qr = to_e4m3(x, row_inv[:, None], INTERPRET)
-        tl.store(rows_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], qr, mask=row_ok[:, None] & col_ok[None, :])
-        tl.store(rows_scale_ptr + rows.to(tl.int64) * (C // BLOCK_C) + tl.program_id(1), row_scale, mask=row_ok)
-    if WITH_TILES:
-        scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=0))  # one block per column: the tile's rows
-        q = to_e4m3(x, inv[None, :], INTERPRET)
-        cols = cols.to(tl.int64)
-        P = num_tiles * BLOCK_M
-        tl.store(data_ptr + cols[:, None] * P + tile * BLOCK_M + i[None, :], tl.trans(q), mask=col_ok[:, None])
-        tl.store(scale_ptr + cols * num_tiles + tile, scale, mask=col_ok)
+    src = src.to(tl.int64)
+    for col_block in tl.range(tl.program_id(1) * COL_BLOCKS, (tl.program_id(1) + 1) * COL_BLOCKS):
+        cols = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
+        col_ok = cols < C
+        x = _fp32(tl.load(src_ptr + src[:, None] * stride_r + cols[None, :] * stride_c,
+                          mask=row_ok[:, None] & col_ok[None, :], other=0.0), INTERPRET)  # [BLOCK_M, BLOCK_C]
+        if WITH_ROWS:  # BLOCK_C == 128: one block per row; only the tile's own rows are written
+            row_scale, row_inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
+            qr = to_e4m3(x, row_inv[:, None], INTERPRET)
+            tl.store(rows_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], qr,
+                     mask=row_ok[:, None] & col_ok[None, :])
+            tl.store(rows_scale_ptr + rows.to(tl.int64) * (C // BLOCK_C) + col_block, row_scale, mask=row_ok)
+        if WITH_TILES:
+            scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=0))  # one block per column: the tile's rows
+            q = to_e4m3(x, inv[None, :], INTERPRET)
+            cols = cols.to(tl.int64)
+            P = num_tiles * BLOCK_M
+            tl.store(data_ptr + cols[:, None] * P + tile * BLOCK_M + i[None, :], tl.trans(q), mask=col_ok[:, None])
+            tl.store(scale_ptr + cols * num_tiles + tile, scale, mask=col_ok)
 
 
 _TOKEN_TILE_COLS = 128
+# One-warpgroup programs; a tiles-only program does two column blocks in turn (the second block's loads
+# overlap the first's transposed store). H200, 30B-A3B shape (T=16384, K=8, D=2048), ms, bitwise the
+# same outputs: tiles 0.886 (8 warps, 1 block) -> 0.484; rows + tiles 1.107 -> 0.825 (4 warps, 1 block);
+# docs/results/quantize_20261204/qvar_h200.json.
+_TOKEN_TILE_WARPS = 4
 
 
 def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: bool = False) -> BlockScaled:
@@ -269,12 +289,14 @@ def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool,
                              if rows else (None, None))
     if num_tiles and C:
         some = data if tiles else rows_data
-        _quantize_token_tiles_kernel[(num_tiles, triton.cdiv(C, _TOKEN_TILE_COLS))](
+        col_blocks = triton.cdiv(C, _TOKEN_TILE_COLS)
+        per_program = 2 if not rows and col_blocks % 2 == 0 else 1
+        _quantize_token_tiles_kernel[(num_tiles, col_blocks // per_program)](
             src_RC, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
             data if tiles else some, scale if tiles else some, rows_data if rows else some,
             rows_scale if rows else some, C, num_tiles, K, src_RC.stride(0), src_RC.stride(1),
-            GATHER=not sorted_rows, BLOCK_M=bm, BLOCK_C=_TOKEN_TILE_COLS, WITH_TILES=tiles, WITH_ROWS=rows,
-            INTERPRET=INTERPRET, num_warps=8,
+            GATHER=not sorted_rows, BLOCK_M=bm, BLOCK_C=_TOKEN_TILE_COLS, COL_BLOCKS=per_program, WITH_TILES=tiles,
+            WITH_ROWS=rows, INTERPRET=INTERPRET, num_warps=_TOKEN_TILE_WARPS,
         )
     return (BlockScaled(data, scale, quant.ACTIVATION_BLOCK) if tiles else None,
             BlockScaled(rows_data, rows_scale, quant.ACTIVATION_BLOCK) if rows else None)
@@ -285,9 +307,51 @@ def quantize_sorted_rows(src_RC: torch.Tensor, plan: RoutingPlan, with_tiles: bo
     row blocks, [N, C] (+ scale [N, C / 128]): bitwise quantize_rows(src_RC)'s rows gathered into sorted
     order. With `with_tiles` also `quantize_token_tiles(src_RC, plan)` from the same read: returns
     (rows, tiles). Why: a GEMM whose rows are contiguous in sorted order reads them through TMA, where a
-    gathered FP8 tile costs 64 address registers per thread (the gathering GEMM1 and dgrad spilled)."""
+    gathered FP8 tile costs 64 address registers per thread (the gathering GEMM1 and dgrad spilled).
+    Without tiles each token is quantized once (`quantize_rows`) and its e4m3 row copied into every sorted
+    row it feeds (`_gather_rows`); with tiles one pass over the gathered source rows writes both."""
     K = _check_gathered("quantize_sorted_rows", src_RC, plan, False, tiles=with_tiles)
     check_multiple_of(f"quantize_sorted_rows: shape {tuple(src_RC.shape)}", {"C (columns)": src_RC.shape[1]}, BLOCK,
                       _HINT)
-    tiles, rows = _gathered(src_RC, plan, K, False, tiles=with_tiles, rows=True)
-    return (rows, tiles) if with_tiles else rows
+    if not with_tiles:
+        return _gather_rows(quantize_rows(src_RC), plan, K)
+    tiles, rows = _gathered(src_RC, plan, K, False, tiles=True, rows=True)
+    return rows, tiles
+
+
+@triton.jit
+def _gather_rows_kernel(q_ptr, q_scale_ptr, order_ptr, data_ptr, scale_ptr, N, C, rows_per_token,
+                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Sorted rows [BLOCK_R] x columns [BLOCK_C] of the token-order e4m3 rows (and their scales) copied
+    into sorted order: row p = token order[p] // rows_per_token."""
+    p = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = p < N
+    src = (tl.load(order_ptr + p, mask=ok, other=0) // rows_per_token).to(tl.int64)
+    dst = p.to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tl.store(data_ptr + dst[:, None] * C + cols[None, :], tl.load(q_ptr + src[:, None] * C + cols[None, :],
+                                                                  mask=ok[:, None]), mask=ok[:, None])
+    n_blocks = C // BLOCK
+    blocks = tl.program_id(1) * (BLOCK_C // BLOCK) + tl.arange(0, BLOCK_C // BLOCK)
+    tl.store(scale_ptr + dst[:, None] * n_blocks + blocks[None, :],
+             tl.load(q_scale_ptr + src[:, None] * n_blocks + blocks[None, :], mask=ok[:, None]), mask=ok[:, None])
+
+
+# H200, 30B-A3B (T=16384, K=8, D=2048): quantize_rows 0.040 ms + this gather 0.145 ms, against 0.365 ms
+# for quantizing the gathered bf16 rows (each token's row read K times; its e4m3 copy, half the bytes, is
+# what the gather reads: 33.5 MB, held in the 50 MB L2). docs/results/quantize_20261204/qvar_h200.json.
+_GATHER_ROWS, _GATHER_COLS, _GATHER_WARPS = 32, 1024, 8
+
+
+def _gather_rows(q: BlockScaled, plan: RoutingPlan, K: int) -> BlockScaled:
+    """quantize_rows' output for the token rows, in the plan's sorted order (bitwise the same values)."""
+    N, C = plan.num_rows, q.data.shape[1]
+    data = new_output((N, C), quant.E4M3, q.data.device)
+    scale = new_output((N, C // BLOCK), torch.float32, q.data.device)
+    if N and C:
+        block_c = next(b for b in (_GATHER_COLS, 512, 256, BLOCK) if C % b == 0)
+        _gather_rows_kernel[(triton.cdiv(N, _GATHER_ROWS), C // block_c)](
+            q.data, q.scale, plan.order_N, data, scale, N, C, K, BLOCK_R=_GATHER_ROWS, BLOCK_C=block_c,
+            num_warps=_GATHER_WARPS,
+        )
+    return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)

@@ -48,5 +48,6 @@ def fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_ED
 def residual_specs(x_TD, topk_ids_TK, w1_EHD, recipe: Recipe):
     """(shape, dtype) of every residual `fused_moe_forward` returns: the fake implementation's source."""
     T, K = topk_ids_TK.shape
-    E, H, _ = w1_EHD.shape
-    return [*residual_shapes(T * K, H, recipe), ((local.local_layout(T, K, E, recipe).packed_size,), torch.int32)]
+    E, H, D = w1_EHD.shape
+    return [*residual_shapes(T * K, E, H, D, recipe),
+            ((local.local_layout(T, K, E, recipe).packed_size,), torch.int32)]

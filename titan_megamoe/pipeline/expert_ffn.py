@@ -13,37 +13,61 @@ Block FP8 (`Recipe.quantized`, per side): every GEMM operand is a `BlockScaled` 
 are quantized into sorted order in 1x128 row blocks (GEMM1 and dgrad read them through TMA), dout in the
 same pass also as token tiles for dW2 (`kernels.quantize`); h is quantized in GEMM1's epilogue, dg and
 du in dgrad's (rows for dx, token tiles for dW1/dW3, with s*h for dW2); x once more as token tiles in
-the backward; the weights once per optimizer step (`weight_cache`). g and u stay bf16 (they feed dSwiGLU's nonlinearity, not a GEMM).
+the backward; g and u stay bf16 (they feed dSwiGLU's nonlinearity, not a GEMM).
+
+The FP8 weights are made from the weights the call is given, every call: the `fp8` forward quantizes each
+weight once into W (its GEMMs) and W^T (dgrad and dx read it; Hopper's FP8 MMA takes K-major operands
+only) and hands W^T to the backward as residuals; under `fp8_bwd` the backward quantizes W^T itself.
+Nothing is cached across calls: a cache keyed on a weight's version counter served stale weights to every
+forward after the first, because the fused AdamW TorchTitan uses by default (`_fused_adamw_`) updates
+parameters in place without bumping their version counters (measured on the H200 on 2026-12-04: the
+experts trained forward on their initial weights; docs/kernels.md).
 """
 
 from __future__ import annotations
 
+import torch
+
 from ..plan import RoutingPlan
-from ..precision import Recipe
+from ..precision import BlockScaled, Recipe
+from ..quant import E4M3, WEIGHT_BLOCK
 from ..kernels.dgrad_swiglu import dgrad_swiglu
 from ..kernels.gemm1_swiglu import gemm1_swiglu
 from ..kernels.grouped_gemm import expert_down_proj, expert_input_grad
-from ..kernels.quantize import quantize_sorted_rows, quantize_token_tiles
+from ..kernels.quantize import (quantize_sorted_rows, quantize_token_tiles, quantize_weight_pair,
+                                quantize_weight_transposed)
 from ..kernels.wgrad import expert_wgrad_w2, expert_wgrad_w2_fp8, expert_wgrad_w13, expert_wgrad_w13_fp8
-from . import weight_cache
 
 # the tile-config precision of a kernel: its operands' (under fp8_bwd the forward kernels run bf16)
 BF16, FP8 = "bf16", "fp8"
 
 
-def residual_shapes(num_rows: int, hidden: int, recipe: Recipe):
-    """(shape, dtype) of each residual `ffn_forward` returns, for the op's fake implementation."""
-    return [((num_rows, hidden), recipe.activation), ((num_rows, hidden), recipe.activation)]
+def residual_shapes(num_rows: int, num_experts: int, hidden: int, dim: int, recipe: Recipe):
+    """(shape, dtype) of each residual `ffn_forward` returns, for the op's fake implementation: g, u, then
+    under `fp8` the data and scale of W1^T, W2^T, W3^T (128x128 blocks)."""
+    shapes = [((num_rows, hidden), recipe.activation), ((num_rows, hidden), recipe.activation)]
+    if recipe.quantized():
+        E, H, D, B = num_experts, hidden, dim, WEIGHT_BLOCK[0]
+        for rows, cols in ((D, H), (H, D), (D, H)):  # W1^T [E, D, H], W2^T [E, H, D], W3^T [E, D, H]
+            shapes += [((E, rows, cols), E4M3), ((E, rows // B, cols // B), torch.float32)]
+    return shapes
+
+
+def _transposed_weights(residuals):
+    """The FP8 W1^T, W2^T, W3^T an `fp8` forward put among its residuals."""
+    return [BlockScaled(residuals[i], residuals[i + 1], WEIGHT_BLOCK) for i in (2, 4, 6)]
 
 
 def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe):
     """(y rows [N, D] in row order, residuals)."""
     if recipe.quantized():
-        w1q, w2q, w3q = (weight_cache.quantized(w).w for w in (w1_EHD, w2_EDH, w3_EHD))
+        pairs = [quantize_weight_pair(w) for w in (w1_EHD, w2_EDH, w3_EHD)]  # (W, W^T) each, one read
+        (w1q, w1t), (w2q, w2t), (w3q, w3t) = pairs
         # x in sorted order: GEMM1 reads it through TMA (a gathered FP8 tile costs too many registers)
         g, u, h = gemm1_swiglu(quantize_sorted_rows(rows_RD, plan), w1q, w3q, plan, recipe.activation, FP8,
                                sorted_rows=True)
-        return expert_down_proj(h, w2q, plan, recipe.activation, FP8), [g, u]
+        y_ND = expert_down_proj(h, w2q, plan, recipe.activation, FP8)
+        return y_ND, [g, u, w1t.data, w1t.scale, w2t.data, w2t.scale, w3t.data, w3t.scale]
     p = BF16
     x = recipe.operand(rows_RD)
     g, u, h = gemm1_swiglu(x, recipe.operand(w1_EHD), recipe.operand(w3_EHD), plan, recipe.activation, p)
@@ -55,11 +79,12 @@ def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EH
     """(dx rows [N, D] in row order, ds [N] fp32 in row order, what the weight gradients need). Split from
     the weight gradients so that the dx rows can go on (combine, or the return trip under EP) while the
     weight-gradient GEMMs run."""
-    g, u = residuals
+    g, u = residuals[:2]
     if recipe.quantized(backward=True):
-        w1t, w2t, w3t = (weight_cache.quantized(w).wt for w in (w1_EHD, w2_EDH, w3_EHD))
-        for w in (w1_EHD, w2_EDH, w3_EHD):  # the last use of this step's copies
-            weight_cache.release(w)
+        if recipe.quantized():  # made by the forward
+            w1t, w2t, w3t = _transposed_weights(residuals)
+        else:  # fp8_bwd: the forward ran bf16
+            w1t, w2t, w3t = (quantize_weight_transposed(w) for w in (w1_EHD, w2_EDH, w3_EHD))
         # dout read once: sorted 1x128 rows for dgrad, token tiles for dW2
         dy_rows, dy_tiles = quantize_sorted_rows(dy_RD, plan, with_tiles=True)
         dg, du, tiles, ds_N = dgrad_swiglu(dy_rows, w2t, g, u, scores_N, plan, FP8)

@@ -1,6 +1,7 @@
 """What `import titan_megamoe.integrations.torchtitan` registers in TorchTitan 0.2.2 (idempotently).
 
-- Qwen3 flavors: `megamoe_tiny` (CPU demo/tests) and `30B-A3B-1gpu` (30B-A3B layer shapes, as many
+- Qwen3 flavors: `megamoe_tiny` (CPU demo/tests), `megamoe_tiny_fp8` (the same with an expert hidden dim of
+  128, block FP8's multiple) and `30B-A3B-1gpu` (30B-A3B layer shapes, as many
   layers as fit one H200), added to `torchtitan.models.qwen3.qwen3_args`.
 - The bundled dataset `megamoe_tiny` in `torchtitan.hf_datasets.text_datasets.DATASETS` (a local JSONL
   file inside the package: no download, any cwd).
@@ -54,6 +55,13 @@ def tiny_flavor():
 QWEN3_30B_A3B_1GPU_LAYERS = 8
 
 
+def tiny_fp8_flavor():
+    """The tiny flavor with block FP8's shapes: D and the expert hidden dim multiples of 128."""
+    args = tiny_flavor()
+    args.moe_inter_dim = 128
+    return args
+
+
 def qwen3_30b_a3b_1gpu_flavor(qwen3_args):
     args = copy.deepcopy(qwen3_args["30B-A3B"])
     args.n_layers = QWEN3_30B_A3B_1GPU_LAYERS
@@ -65,6 +73,8 @@ def register_flavors() -> None:
 
     if "megamoe_tiny" not in qwen3_args:
         qwen3_args["megamoe_tiny"] = tiny_flavor()
+    if "megamoe_tiny_fp8" not in qwen3_args:
+        qwen3_args["megamoe_tiny_fp8"] = tiny_fp8_flavor()
     if "30B-A3B-1gpu" not in qwen3_args:
         qwen3_args["30B-A3B-1gpu"] = qwen3_30b_a3b_1gpu_flavor(qwen3_args)
 

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Issue 14's training targets from `titan-megamoe ab` results: FP8 speed and the 200-step loss rule.
+
+Reads the ab.json of several A/B runs of one config (any arms), names each arm by what it ran (expert
+path and precision, dense layers' float8 Linear recipe, torch.compile), and writes:
+
+- speed: tokens/s of every arm; mega_moe `fp8` against the fastest stock float8 arm (target >= 1.6x)
+  and against stock bf16 (target >= 1.45x). Arms of different A/B runs ran in different processes one
+  after another on the same GPU: the ratios carry that run-to-run noise (stated in the report).
+- loss: per step, |mega_moe fp8 - mega_moe bf16| beside |stock float8 - stock bf16| over the same
+  steps (the arms with the most steps); the target holds when mega_moe's mean and max are no larger
+  than stock's (TorchTitan's own FP8 recipe is the accepted tolerance).
+
+    python scripts/fp8_training_compare.py AB_DIR_OR_JSON [...] --out docs/results/fp8_training_<stamp>
+
+Writes compare.json, compare.md and compare.png (loss curves and differences) into --out. No figure is
+typed by hand: everything comes from the ab.json files, which are copied beside the outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+SPEED_TARGETS = {"stock_float8_fastest": 1.6, "stock_bf16": 1.45}
+
+
+def _resolved(arm: dict, key: str, default=None):
+    node = arm.get("resolved") or arm.get("requested") or {}
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def describe_arm(arm: dict) -> dict:
+    """What an arm ran, from its resolved TorchTitan config: experts, dense layers, compile."""
+    converters = _resolved(arm, "model.converters", []) or []
+    if isinstance(converters, str):
+        converters = [c for c in converters.split(",") if c]
+    mega = arm.get("mega_moe") or {}
+    if mega.get("enable"):
+        experts = f"mega_moe {mega.get('precision')}"
+    elif any(c.startswith("quantize.grouped_mm.float8") for c in converters):
+        experts = "stock float8 rowwise grouped_mm"
+    else:
+        experts = "stock bf16"
+    dense = "bf16 Linear"
+    if "quantize.linear.float8" in converters:
+        dense = f"float8 Linear {_resolved(arm, 'quantize.linear.float8.recipe_name') or 'tensorwise'}"
+    compiled = bool(_resolved(arm, "compile.enable", False))
+    label = f"{experts} + {dense}{' (compiled)' if compiled else ''}"
+    return {"label": label, "experts": experts, "dense": dense, "compiled": compiled,
+            "stock_float8": not mega.get("enable") and (dense != "bf16 Linear" or experts != "stock bf16")}
+
+
+def load_arms(paths: list[Path]) -> list[dict]:
+    arms = []
+    for path in paths:
+        record = json.loads(path.read_text())
+        for name in record["arm_order"]:
+            arm = record["arms"][name]
+            if not arm.get("ok"):
+                raise SystemExit(f"{path}: arm {name} failed ({arm.get('failure')}); rerun it before comparing")
+            s = arm["summary"]
+            arms.append({**describe_arm(arm), "source": str(path), "arm": name, "steps": s["n_steps"],
+                         "tps_median": s["tps_median"], "step_time_s": s["step_time_s"],
+                         "peak_memory_gib": s["peak_memory_gib"], "final_loss": s["final_loss"],
+                         "losses": {st["step"]: st["loss"] for st in arm["steps"]},
+                         "environment": record.get("environment", {})})
+    return arms
+
+
+def _pick(arms: list[dict], pred, what: str, longest: bool = False) -> dict:
+    found = [a for a in arms if pred(a)]
+    if not found:
+        raise SystemExit(f"no arm ran {what}: add the A/B that has one")
+    key = (lambda a: (a["steps"], a["tps_median"])) if longest else (lambda a: a["tps_median"])
+    return max(found, key=key)
+
+
+def _stats(diffs: list[float]) -> dict:
+    return {"mean_abs": statistics.fmean(diffs), "max_abs": max(diffs), "median_abs": statistics.median(diffs),
+            "mean_abs_last_half": statistics.fmean(diffs[len(diffs) // 2:])}
+
+
+def loss_rule(arms: list[dict]) -> dict:
+    plain = lambda a: a["dense"] == "bf16 Linear"  # noqa: E731
+    mega8 = _pick(arms, lambda a: a["experts"] == "mega_moe fp8" and plain(a), "mega_moe fp8", longest=True)
+    mega16 = _pick(arms, lambda a: a["experts"] == "mega_moe bf16" and plain(a), "mega_moe bf16", longest=True)
+    stock16 = _pick(arms, lambda a: a["experts"] == "stock bf16" and plain(a), "stock bf16", longest=True)
+    stock8 = _pick(arms, lambda a: a["stock_float8"], "a stock float8 recipe", longest=True)
+    steps = sorted(set(mega8["losses"]) & set(mega16["losses"]) & set(stock16["losses"]) & set(stock8["losses"]))
+    mega = [abs(mega8["losses"][s] - mega16["losses"][s]) for s in steps]
+    stock = [abs(stock8["losses"][s] - stock16["losses"][s]) for s in steps]
+    ms, ss = _stats(mega), _stats(stock)
+    return {"steps": len(steps), "arms": {"mega_moe_fp8": mega8["label"], "mega_moe_bf16": mega16["label"],
+                                          "stock_float8": stock8["label"], "stock_bf16": stock16["label"]},
+            "mega_moe_fp8_vs_bf16": ms, "stock_float8_vs_bf16": ss,
+            "met": {k: ms[k] <= ss[k] for k in ("mean_abs", "max_abs")},
+            "per_step": {s: {"mega_moe": m, "stock": t} for s, m, t in zip(steps, mega, stock)},
+            "curves": {name: [a["losses"][s] for s in steps]
+                       for name, a in (("mega_moe_fp8", mega8), ("mega_moe_bf16", mega16),
+                                       ("stock_float8", stock8), ("stock_bf16", stock16))}}
+
+
+def speed(arms: list[dict]) -> dict:
+    mega8 = _pick(arms, lambda a: a["experts"] == "mega_moe fp8", "mega_moe fp8")
+    bases = {"stock_float8_fastest": _pick(arms, lambda a: a["stock_float8"], "a stock float8 recipe"),
+             "stock_bf16": _pick(arms, lambda a: a["experts"] == "stock bf16" and a["dense"] == "bf16 Linear",
+                                 "stock bf16")}
+    out = {"mega_moe_fp8": mega8["label"], "mega_moe_fp8_tps": mega8["tps_median"]}
+    for name, base in bases.items():
+        ratio = mega8["tps_median"] / base["tps_median"]
+        out[name] = {"label": base["label"], "tps": base["tps_median"], "ratio": ratio,
+                     "target": SPEED_TARGETS[name], "met": ratio >= SPEED_TARGETS[name]}
+    return out
+
+
+def markdown(result: dict) -> str:
+    sp, lr = result["speed"], result["loss"]
+    lines = ["# FP8 training targets (issue 14), from `titan-megamoe ab` runs", "",
+             "| arm | A/B file | steps | tok/s (median) | step s | peak GiB | final loss |", "|---|---|---|---|---|---|---|"]
+    for a in sorted(result["arms"], key=lambda a: -a["tps_median"]):
+        lines.append(f"| {a['label']} | `{Path(a['source']).name}` ({a['arm']}) | {a['steps']} | "
+                     f"{a['tps_median']:,.0f} | {a['step_time_s']:.4f} | {a['peak_memory_gib']:.1f} | {a['final_loss']:.5f} |")
+    lines += ["", "## Speed", ""]
+    for name in SPEED_TARGETS:
+        s = sp[name]
+        lines.append(f"- {sp['mega_moe_fp8']} ({sp['mega_moe_fp8_tps']:,.0f} tok/s) vs {s['label']} "
+                     f"({s['tps']:,.0f}): **{s['ratio']:.3f}x**, target >= {s['target']}x: "
+                     f"{'met' if s['met'] else 'MISSED'}")
+    lines += ["- arms of different A/B runs ran one after another in separate processes on the same GPU",
+              "", f"## Loss over {lr['steps']} steps (per-step |difference| of the printed losses)", "",
+              "| pair | mean | median | max | mean, second half |", "|---|---|---|---|---|"]
+    for key, name in (("mega_moe_fp8_vs_bf16", f"{lr['arms']['mega_moe_fp8']} - {lr['arms']['mega_moe_bf16']}"),
+                      ("stock_float8_vs_bf16", f"{lr['arms']['stock_float8']} - {lr['arms']['stock_bf16']}")):
+        s = lr[key]
+        lines.append(f"| {name} | {s['mean_abs']:.5f} | {s['median_abs']:.5f} | {s['max_abs']:.5f} | "
+                     f"{s['mean_abs_last_half']:.5f} |")
+    met = lr["met"]
+    lines += ["", f"Target (mega_moe's difference no larger than stock's): mean {'met' if met['mean_abs'] else 'MISSED'}, "
+              f"max {'met' if met['max_abs'] else 'MISSED'}.", ""]
+    lines += ["## Environment of each A/B file", ""]
+    for source, env in {Path(a["source"]).name: a["environment"] for a in result["arms"]}.items():
+        lines.append(f"- `{source}`: {env.get('date')}, {env.get('device')}, {json.dumps(env.get('versions'))}, "
+                     f"git {json.dumps(env.get('git'))}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lr = result["loss"]
+    steps = [int(s) for s in lr["per_step"]]
+    fig, (ax_loss, ax_diff) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    for name, ys in lr["curves"].items():
+        ax_loss.plot(steps, ys, label=lr["arms"][name], linewidth=0.8)
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend(fontsize=7)
+    ax_diff.plot(steps, [v["mega_moe"] for v in lr["per_step"].values()], label="|mega_moe fp8 - mega_moe bf16|",
+                 linewidth=0.8)
+    ax_diff.plot(steps, [v["stock"] for v in lr["per_step"].values()], label="|stock float8 - stock bf16|",
+                 linewidth=0.8)
+    ax_diff.set_yscale("log")
+    ax_diff.set_xlabel("step")
+    ax_diff.set_ylabel("|loss difference|")
+    ax_diff.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="A/B output directories (or their ab.json)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    paths = [Path(r) / "ab.json" if Path(r).is_dir() else Path(r) for r in args.runs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for path in paths:  # the inputs travel with the outputs
+        dest = out / f"{path.parent.name}.ab.json"
+        if dest.resolve() != path.resolve():
+            shutil.copyfile(path, dest)
+        copies.append(dest)
+    arms = load_arms(copies)
+    result = {"inputs": [str(c.name) for c in copies], "arms": arms, "speed": speed(arms), "loss": loss_rule(arms)}
+    (out / "compare.json").write_text(json.dumps(result, indent=1))
+    (out / "compare.md").write_text(markdown(result))
+    plot(result, out / "compare.png")
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
