@@ -279,3 +279,56 @@ def test_every_output_element_is_written(monkeypatch):
     rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
     _assert_bitwise(tiles, ref, "poisoned tiles with rows")
     _assert_bitwise(rows, quant.quantize_activation(src[plan_ref.order_N.long() // 2]), "poisoned sorted rows")
+
+
+# ------------------------------------------------------------------------------------------------ sm_90 compile
+
+_SM90_QUANTIZERS = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import compile_sm90
+from titan_megamoe.kernels import quantize as q
+
+tiles_sig = dict(src_ptr="*bf16", order_ptr="*i32", tile_expert_ptr="*i32", tile_row_ptr="*i32", offsets_ptr="*i32",
+                 data_ptr="*fp8e4nv", scale_ptr="*fp32", rows_ptr="*fp8e4nv", rows_scale_ptr="*fp32", C="i32",
+                 num_tiles="i32", rows_per_token="i32", stride_r="i32", stride_c="i32")
+tiles = dict(GATHER=True, BLOCK_M=128, BLOCK_C=q._TOKEN_TILE_COLS, INTERPRET=False)
+weight_sig = dict(w_ptr="*bf16", data_ptr="*fp8e4nv", scale_ptr="*fp32", data_t_ptr="*fp8e4nv", scale_t_ptr="*fp32",
+                  R="i32", C="i32", stride_e="i32", stride_r="i32", stride_c="i32")
+jobs = {
+    "rows": (q._quantize_rows_kernel, dict(x_ptr="*bf16", data_ptr="*fp8e4nv", scale_ptr="*fp32", R="i32", C="i32",
+             stride_r="i32", stride_c="i32"), dict(BLOCK_R=q._ROWS_PER_PROGRAM, BLOCK_C=128, INTERPRET=False), 4),
+    "gather rows": (q._gather_rows_kernel, dict(q_ptr="*fp8e4nv", q_scale_ptr="*fp32", order_ptr="*i32",
+                    data_ptr="*fp8e4nv", scale_ptr="*fp32", N="i32", C="i32", rows_per_token="i32"),
+                    dict(BLOCK_R=q._GATHER_ROWS, BLOCK_C=q._GATHER_COLS, SCALE_BLOCK=128), q._GATHER_WARPS),
+    "token tiles": (q._quantize_token_tiles_kernel, tiles_sig,
+                    dict(tiles, COL_BLOCKS=2, WITH_TILES=True, WITH_ROWS=False), q._TOKEN_TILE_WARPS),
+    "rows + tiles": (q._quantize_token_tiles_kernel, tiles_sig,
+                     dict(tiles, COL_BLOCKS=1, WITH_TILES=True, WITH_ROWS=True), q._TOKEN_TILE_WARPS),
+    "weight pair": (q._quantize_weight_pair_kernel, weight_sig,
+                    dict(WRITE_W=True, WRITE_WT=True, BLOCK=128, INTERPRET=False), 8),
+    "weight W^T": (q._quantize_weight_pair_kernel, weight_sig,
+                   dict(WRITE_W=False, WRITE_WT=True, BLOCK=128, INTERPRET=False), 8),
+}
+print(json.dumps({name: compile_sm90(fn, sig, const, set(), warps, 1)["usage"]
+                  for name, (fn, sig, const, warps) in jobs.items()}))
+"""
+
+
+def test_quantizers_compile_for_sm90():
+    """Every quantizer launch compiles for sm_90 (on the CPU, no GPU needed). The interpreter runs code the
+    compiler rejects: a kernel reading a plain module global (not a constexpr) passed every CPU test and
+    failed to compile on the H200 (2026-12-04)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", _SM90_QUANTIZERS], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    usage = json.loads(p.stdout.strip().splitlines()[-1])
+    assert set(usage) == {"rows", "gather rows", "token tiles", "rows + tiles", "weight pair", "weight W^T"}
+    assert all("REG:" in u for u in usage.values()), usage

@@ -321,7 +321,7 @@ def quantize_sorted_rows(src_RC: torch.Tensor, plan: RoutingPlan, with_tiles: bo
 
 @triton.jit
 def _gather_rows_kernel(q_ptr, q_scale_ptr, order_ptr, data_ptr, scale_ptr, N, C, rows_per_token,
-                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                        BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, SCALE_BLOCK: tl.constexpr):
     """Sorted rows [BLOCK_R] x columns [BLOCK_C] of the token-order e4m3 rows (and their scales) copied
     into sorted order: row p = token order[p] // rows_per_token."""
     p = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -331,8 +331,8 @@ def _gather_rows_kernel(q_ptr, q_scale_ptr, order_ptr, data_ptr, scale_ptr, N, C
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     tl.store(data_ptr + dst[:, None] * C + cols[None, :], tl.load(q_ptr + src[:, None] * C + cols[None, :],
                                                                   mask=ok[:, None]), mask=ok[:, None])
-    n_blocks = C // BLOCK
-    blocks = tl.program_id(1) * (BLOCK_C // BLOCK) + tl.arange(0, BLOCK_C // BLOCK)
+    n_blocks = C // SCALE_BLOCK
+    blocks = tl.program_id(1) * (BLOCK_C // SCALE_BLOCK) + tl.arange(0, BLOCK_C // SCALE_BLOCK)
     tl.store(scale_ptr + dst[:, None] * n_blocks + blocks[None, :],
              tl.load(q_scale_ptr + src[:, None] * n_blocks + blocks[None, :], mask=ok[:, None]), mask=ok[:, None])
 
@@ -352,6 +352,6 @@ def _gather_rows(q: BlockScaled, plan: RoutingPlan, K: int) -> BlockScaled:
         block_c = next(b for b in (_GATHER_COLS, 512, 256, BLOCK) if C % b == 0)
         _gather_rows_kernel[(triton.cdiv(N, _GATHER_ROWS), C // block_c)](
             q.data, q.scale, plan.order_N, data, scale, N, C, K, BLOCK_R=_GATHER_ROWS, BLOCK_C=block_c,
-            num_warps=_GATHER_WARPS,
+            SCALE_BLOCK=BLOCK, num_warps=_GATHER_WARPS,
         )
     return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
