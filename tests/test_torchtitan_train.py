@@ -276,3 +276,24 @@ def test_block_fp8_trains_close_to_stock(precision, tmp_path):
     if precision == "fp8_bwd":
         assert diffs[0] == 0.0
     assert any(d > 0 for d in diffs), "FP8 losses equal bf16's: was FP8 run at all?"
+
+
+def test_block_fp8_composes_with_torchao_float8_linear(tmp_path):
+    """mega_moe fp8 on the experts with torchao's float8 Linear converter on the dense layers (emulated on
+    CPU): both conversions apply and it trains; asking for torchao's float8 grouped_mm on the experts that
+    mega_moe owns is a clear error before training."""
+    flavor = ("--model.flavor", "megamoe_tiny_fp8", "--training.steps", "3")
+    linear = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
+              "--quantize.linear.float8.recipe_name", "rowwise")
+    mega = ("--mega_moe.enable", "--mega_moe.precision", "fp8")
+    run = train(tmp_path / "both", *flavor, *linear, *mega)
+    assert sorted(run.steps) == [1, 2, 3], run.log[-3000:]
+    assert "Float8 training active with recipe rowwise" in run.log
+    assert swap_line(run.log) == ("[mega_moe] swapped 2 MoE layers to the fused op: precision=fp8, "
+                                  "backend=reference, router stock, AC none")
+    plain = train(tmp_path / "plain", *flavor, *mega)
+    assert plain.losses() != run.losses()  # the dense layers' float8 changed the numbers
+    bad = train(tmp_path / "grouped", *flavor, *mega, "--model.converters", "quantize.grouped_mm.float8",
+                "--quantize.grouped_mm.float8.fqns", "experts", check=False)
+    assert bad.returncode != 0 and not bad.steps
+    assert "quantize.grouped_mm.float8" in bad.log and "--mega_moe.precision" in bad.log
