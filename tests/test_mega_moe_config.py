@@ -14,7 +14,7 @@ from titan_megamoe.integrations.torchtitan.failure import first_error
 from torchtitan.config import ConfigManager
 
 HEADER = '[job]\ncustom_config_module = "titan_megamoe.integrations.torchtitan.config"\n[mega_moe]\n'
-VALID_KEYS = "enable, precision, backend, fused_router, save_under_sac, ep_transport"
+VALID_KEYS = "enable, precision, backend, fused_router, save_under_sac, ep_transport, tile_table"
 
 BAD_TABLES = [  # (TOML lines under [mega_moe], words the error must contain)
     ('enable = "false"', ["enable", "bool", "'false'", "enable = false"]),  # a truthy string: was ON
@@ -27,6 +27,7 @@ BAD_TABLES = [  # (TOML lines under [mega_moe], words the error must contain)
     ("precision = 8", ["precision", "int 8"]),
     ('precison = "bf16"', ["unknown key 'precison'", "did you mean 'precision'", VALID_KEYS]),
     ("turbo = true", ["unknown key 'turbo'", VALID_KEYS]),
+    ("tile_table = 3", ["tile_table", "file path string", "int 3"]),
 ]
 
 

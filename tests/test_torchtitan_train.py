@@ -8,6 +8,7 @@ combine; see test_torchtitan_integration.py), so the two arms' losses must agree
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -297,3 +298,19 @@ def test_block_fp8_composes_with_torchao_float8_linear(tmp_path):
                 "--quantize.grouped_mm.float8.fqns", "experts", check=False)
     assert bad.returncode != 0 and not bad.steps
     assert "quantize.grouped_mm.float8" in bad.log and "--mega_moe.precision" in bad.log
+
+
+def test_tile_table_is_loaded_on_every_rank_or_stops_the_job(tmp_path):
+    """`[mega_moe] tile_table`: the converter loads the `titan-megamoe tune` file on each rank and the swap
+    line names it with its hash; a missing file stops the job before training, naming the fix."""
+    table = tmp_path / "tiles.json"
+    cfg = {"block_m": 64, "block_n": 128, "block_k": 128, "num_warps": 4, "num_stages": 4, "tma": True}
+    table.write_text(json.dumps({"configs": {"fp8": {"128x128": {"gemm2": cfg}}}, "runs": []}))
+    run = train(tmp_path / "ok", "--training.steps", "1", "--mega_moe.enable", "--mega_moe.tile_table", str(table),
+                nproc=2)
+    lines = [line for line in run.log.splitlines() if "[mega_moe] swapped" in line]
+    assert lines and all(f"tiles {table} (sha256 " in line for line in lines), lines
+    missing = train(tmp_path / "missing", "--training.steps", "1", "--mega_moe.enable", "--mega_moe.tile_table",
+                    str(tmp_path / "nope.json"), check=False)
+    assert missing.returncode != 0 and not missing.steps
+    assert "nope.json does not exist" in missing.log and "titan-megamoe tune --out" in missing.log

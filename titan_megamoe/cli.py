@@ -1,14 +1,17 @@
-"""`titan-megamoe` command line: `train` (TorchTitan with our extension) and `ab` (stock vs mega_moe)."""
+"""`titan-megamoe` command line: `train` (TorchTitan with our extension), `ab` (stock vs mega_moe) and
+`tune` (tile configs for a shape, measured on this GPU)."""
 
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: titan-megamoe {train,ab} ... | --version
+USAGE = """usage: titan-megamoe {train,ab,tune} ... | --version
 
   train --config X.toml [torchtitan overrides ...]   run the TorchTitan 0.2.2 trainer with titan-megamoe loaded
   ab [--config X.toml] [--steps N] [--warmup W] [--out DIR] [--stock-args "..."] [--mega-args "..."] [-- overrides]
                                                      run stock and mega_moe on the same config and compare
+  tune --shape D H E K T [--precision bf16,fp8] [--budget-seconds S] [--out FILE]
+                                                     tile configs for your shape, checked and timed on this GPU
   --version                                          versions of titan-megamoe, torch, triton, torchtitan, torchao
 """
 
@@ -45,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         from .ab.cli import main as ab_main
 
         return ab_main(rest)
+    if command == "tune":
+        from .tune.cli import main as tune_main
+
+        return tune_main(rest)
     print(f"titan-megamoe: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -8,6 +8,10 @@ and writes `tuned_configs.json` beside this file:
      "measured": {precision: {"DxH": {kernel: {"ms": ..., "tflops": ..., "gpu": ..., "date": ...}}}}}
 
 with the fields of `TileConfig`. Shapes not in the table use the defaults below.
+
+A user's own table (`titan-megamoe tune --out FILE`, the same schema) comes first when loaded with
+`use_tile_table(FILE)` (the `[mega_moe] tile_table` setting calls it on every rank); what it lacks falls
+back to the shipped table and the defaults.
 """
 
 from __future__ import annotations
@@ -95,6 +99,8 @@ _INTERPRETER_FP8 = {  # half-tile programs (block_m 64) in three of the row kern
 }
 TABLE_PATH = Path(__file__).with_name("tuned_configs.json")
 _overrides: dict[str, TileConfig] = {}
+_user_table: dict = {}  # use_tile_table's configs: {precision: {"DxH": {kernel: TileConfig}}}
+_user_table_source: str | None = None
 
 
 def interpreting() -> bool:
@@ -123,6 +129,52 @@ def _tuned_table() -> dict:
     return json.loads(TABLE_PATH.read_text())["configs"]
 
 
+def use_tile_table(path: "str | Path | None") -> str | None:
+    """Make the kernels take their configs from a `titan-megamoe tune` table first (None: drop it).
+    Every entry is checked here, so a bad file fails at load, naming the entry. Returns a short
+    description (path and the first 12 hex digits of its sha256) for logs: ranks can be compared by it."""
+    global _user_table, _user_table_source
+    from ..validation import check_tile_config
+
+    if path is None:
+        _user_table, _user_table_source = {}, None
+        _table_config.cache_clear()
+        return None
+    import hashlib
+
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        entries = json.loads(raw)["configs"]
+    except FileNotFoundError:
+        raise ValueError(f"tile table {path} does not exist; make it with `titan-megamoe tune --out {path}` "
+                         f"or unset it") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"tile table {path} is not a `titan-megamoe tune` table ({type(e).__name__}: {e})") from None
+    table: dict = {}
+    for precision, shapes in entries.items():
+        for shape, kernels in shapes.items():
+            for kernel, rec in kernels.items():
+                where = f"tile table {path}: {precision} {shape} {kernel}"
+                if kernel not in KERNELS:
+                    raise ValueError(f"{where}: unknown kernel; valid: {', '.join(KERNELS)}")
+                try:
+                    cfg = TileConfig.from_record(rec)
+                    check_tile_config(kernel, cfg, ROW_BLOCK_M)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"{where}: {e}") from None
+                table.setdefault(precision, {}).setdefault(shape, {})[kernel] = cfg
+    _user_table = table
+    _user_table_source = f"{path} (sha256 {hashlib.sha256(raw).hexdigest()[:12]})"
+    _table_config.cache_clear()
+    return _user_table_source
+
+
+def tile_table_in_use() -> str | None:
+    """The user table `use_tile_table` loaded (path and hash), or None."""
+    return _user_table_source
+
+
 def tile_config(kernel: str, dim: int, hidden: int, precision: str = "bf16") -> TileConfig:
     """The config of one kernel at one shape; `precision` is the precision that kernel's operands run
     in ("bf16" or "fp8": under fp8_bwd the forward kernels ask for "bf16", the backward ones "fp8")."""
@@ -135,9 +187,10 @@ def tile_config(kernel: str, dim: int, hidden: int, precision: str = "bf16") -> 
 
 @functools.lru_cache(maxsize=None)
 def _table_config(kernel: str, dim: int, hidden: int, precision: str) -> TileConfig:
+    user = _user_table.get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
     tuned = _tuned_table().get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
     defaults = _GPU_DEFAULTS_FP8 if precision == "fp8" else _GPU_DEFAULTS
-    cfg = TileConfig.from_record(tuned) if tuned else defaults[kernel]
+    cfg = user or (TileConfig.from_record(tuned) if tuned else defaults[kernel])
     if kernel in ROW_KERNELS and precision != "fp8":
         # narrow problems (small D or H) must not ask for tiles wider than the matrix
         n_extent = hidden if kernel in ("gemm1_swiglu", "dgrad_swiglu") else dim

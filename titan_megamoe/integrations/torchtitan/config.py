@@ -56,6 +56,9 @@ class MegaMoE:
     ep_transport: str = "auto"
     """With parallelism.expert_parallel_degree > 1: how token rows move between EP ranks. all_to_all = torch.distributed all-to-all (NCCL, gloo on CPU); symm_mem = Triton kernels on torch symmetric memory (not implemented yet); auto = all_to_all today."""
 
+    tile_table: str = ""
+    """A tile-config table from `titan-megamoe tune --out FILE` for this model's shape (every rank reads the same file); empty = the shipped table and defaults."""
+
     def __post_init__(self):
         for f in fields(self):
             check_value(f.name, getattr(self, f.name))
@@ -68,6 +71,11 @@ def _toml(value) -> str:
 def check_value(key: str, value) -> None:
     """Raise MegaMoEConfigError unless `value` has the type (and, for strings, one of the values) of `key`."""
     kind = {f.name: f.type for f in fields(MegaMoE)}[key]
+    if key == "tile_table":  # a path: any string (the converter loads and checks the file)
+        if not isinstance(value, str):
+            raise MegaMoEConfigError(f"[mega_moe] tile_table must be a file path string, got "
+                                     f"{type(value).__name__} {value!r}; e.g. tile_table = \"tile_table.json\"")
+        return
     if kind is bool:
         if not isinstance(value, bool):
             raise MegaMoEConfigError(f"[mega_moe] {key} must be a bool, got {type(value).__name__} {value!r}; "

@@ -13,6 +13,7 @@ import torch.nn as nn
 from torchtitan.models.moe.moe import GroupedExperts, MoE
 from torchtitan.tools.logging import logger
 
+from ...kernels.configs import use_tile_table
 from ...ops import resolve_backend
 from ...precision import check_backend_precision, recipe_for
 from ...validation import check_block_shapes
@@ -160,6 +161,12 @@ class MegaMoEConverter:
         self.router_note = _router_note(job_config, self.backend, self.fused_router)
         ep = parallel_dims.ep if parallel_dims is not None else 1
         self.ep_note = f", EP {ep} ({resolve_ep_transport(job_config.mega_moe.ep_transport)})" if ep > 1 else ""
+        self.tiles_note = ""
+        if job_config.mega_moe.tile_table:
+            try:
+                self.tiles_note = f", tiles {use_tile_table(job_config.mega_moe.tile_table)}"
+            except ValueError as e:
+                _fail(f"tile_table: {e}")
         ac = job_config.activation_checkpoint
         if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op":
             # the EP path is an autograd.Function, not the custom op SAC's policy can name: always recomputed
@@ -169,7 +176,7 @@ class MegaMoEConverter:
         n = swap_moe_layers(model, self.precision, self.backend, self.fused_router)
         set_sac_policy(self.save_under_sac, self.model_name)
         logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
-                    f"backend={self.backend}, {self.router_note}, {self.ac_note}{self.ep_note}")
+                    f"backend={self.backend}, {self.router_note}, {self.ac_note}{self.ep_note}{self.tiles_note}")
 
     def post_optimizer_hook(self, model) -> None:
         pass

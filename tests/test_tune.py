@@ -1,0 +1,87 @@
+"""`titan-megamoe tune`: the flow on CPU (kernels in Triton's interpreter, tiny shapes), the table file it
+writes and resumes from, its oracle check rejecting a wrong kernel, and the table's use by the kernels and
+by `[mega_moe] tile_table`."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from titan_megamoe.kernels import configs
+from titan_megamoe.kernels.configs import TileConfig
+from titan_megamoe.tune import search
+from titan_megamoe.tune.oracle_check import FACTOR, LayerCheck
+
+SHAPE = (128, 128, 4, 2, 64)
+
+
+def test_tune_writes_checked_winners_and_resumes(tmp_path):
+    out = tmp_path / "tiles.json"
+    lines = []
+    table = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device="cpu", say=lines.append)
+    runs = [r for r in table["runs"] if r["kernel"] == "gemm2"]
+    assert len(runs) == 2 and all("ms" in r and r["check"]["worst_error_vs_same_math"] <= FACTOR for r in runs)
+    best = min(runs, key=lambda r: r["ms"])
+    on_disk = json.loads(out.read_text())
+    assert on_disk["configs"]["fp8"]["128x128"]["gemm2"] == best["config"]
+    assert on_disk["measured"]["fp8"]["128x128"]["gemm2"]["ms"] == best["ms"]
+    assert any("gemm2 1/2" in line for line in lines) and "done" in lines[-1]
+    # run again: nothing left to do at this shape, the runs are kept as they were
+    again = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device="cpu", say=lines.append)
+    assert again["runs"] == on_disk["runs"]
+
+
+def test_tune_stops_at_its_budget_and_says_how_to_continue(tmp_path):
+    out = tmp_path / "tiles.json"
+    lines = []
+    table = search.tune(SHAPE, "fp8", ["gemm2", "dx"], out, budget_s=1e-9, device="cpu", say=lines.append)
+    assert table["runs"] == [] and "run the same command again to continue" in lines[-1]
+
+
+def test_oracle_check_rejects_a_wrong_kernel(monkeypatch):
+    check = LayerCheck(128, 128, 4, 2, "bf16", "cpu")
+    ok, _ = check()
+    assert ok <= FACTOR
+    from titan_megamoe.kernels import grouped_gemm
+
+    real = grouped_gemm.expert_down_proj
+    monkeypatch.setattr("titan_megamoe.pipeline.expert_ffn.expert_down_proj",
+                        lambda *a, **k: real(*a, **k) * 1.05)  # a GEMM2 5% off
+    bad, which = check()
+    assert bad > FACTOR and which in ("out", "dx", "dscores", "dw1", "dw2", "dw3")
+
+
+def test_use_tile_table_goes_first_and_checks_entries(tmp_path):
+    cfg = TileConfig(64, 128, 128, 4, 5, tma=True)
+    path = tmp_path / "tiles.json"
+    path.write_text(json.dumps({"configs": {"fp8": {"4096x14336": {"gemm2": cfg.to_record()}}}, "runs": []}))
+    try:
+        desc = configs.use_tile_table(path)
+        assert str(path) in desc and "sha256" in desc and configs.tile_table_in_use() == desc
+        assert configs._table_config("gemm2", 4096, 14336, "fp8") == cfg
+        assert configs._table_config("dx", 4096, 14336, "fp8") == configs._GPU_DEFAULTS_FP8["dx"]  # not in it
+    finally:
+        configs.use_tile_table(None)
+    assert configs._table_config("gemm2", 4096, 14336, "fp8") == configs._GPU_DEFAULTS_FP8["gemm2"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"configs": {"bf16": {"1x1": {"gemm2": dict(cfg.to_record(), block_m=96)}}}}))
+    with pytest.raises(ValueError, match="bf16 1x1 gemm2"):
+        configs.use_tile_table(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        configs.use_tile_table(tmp_path / "missing.json")
+    assert configs.tile_table_in_use() is None
+
+
+def test_cli_usage_errors():
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "titan_megamoe.cli", "tune", *args], capture_output=True,
+                              text=True, timeout=120)
+
+    p = run("--shape", "192", "128", "4", "2", "64", "--precision", "fp8")
+    assert p.returncode == 2 and "multiples of 128" in p.stderr
+    p = run("--shape", "128", "128", "4", "8", "64")
+    assert p.returncode == 2 and "K <= E" in p.stderr
+    p = run("--shape", "128", "128", "4", "2", "64", "--precision", "fp16")
+    assert p.returncode == 2 and "--precision takes bf16, fp8" in p.stderr

@@ -1,0 +1,76 @@
+"""The tile configs a tuning run tries, per kernel and precision (the schema is `kernels.configs.TileConfig`).
+
+Under Triton's CPU interpreter (tests, CI) the GPU candidates would take hours: `for_kernel` gives the
+interpreter's own config and one variant instead, so the whole tuning flow still runs there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..kernels import configs
+from ..kernels.configs import TileConfig
+
+M = configs.ROW_BLOCK_M
+T_ = dict(tma=True)
+SPLIT = dict(split=True)
+WS = dict(tma=True, warp_specialize=True)
+C = TileConfig
+CANDIDATES = {
+    "gemm1_swiglu": [C(M, 64, 64, 4, 4), C(M, 64, 64, 8, 4), C(M, 128, 64, 8, 3), C(M, 128, 64, 8, 4),
+                     C(M, 128, 32, 8, 4), C(M, 128, 64, 8, 5),
+                     C(M, 128, 64, 8, 3, **T_), C(M, 128, 64, 8, 4, **T_), C(M, 128, 32, 8, 4, **T_)],
+    "gemm2": [C(M, 128, 64, 8, 3), C(M, 128, 64, 8, 4), C(M, 256, 64, 8, 3), C(M, 128, 64, 4, 4),
+              C(M, 64, 64, 4, 4), C(M, 256, 32, 8, 4),
+              C(M, 256, 64, 8, 3, **T_), C(M, 256, 64, 8, 4, **T_), C(M, 128, 64, 8, 4, **T_),
+              C(M, 256, 64, 8, 3, **WS), C(M, 128, 64, 8, 4, **WS)],
+    # dgrad's BLOCK_N is per accumulator (two accumulators: a program covers 2*BLOCK_N columns). 16 warps
+    # (four warpgroups) halve the registers each thread holds for 2 x [128, 128] accumulators plus the
+    # dSwiGLU epilogue, where 8 warps spill; split: the GEMM stores q and an elementwise pass does the
+    # dSwiGLU, so GEMM1-sized tiles fit
+    "dgrad_swiglu": [C(M, 64, 64, 8, 4), C(M, 64, 64, 8, 3), C(M, 128, 64, 16, 3), C(M, 128, 64, 16, 4),
+                     C(M, 128, 32, 16, 4), C(M, 64, 64, 16, 4),
+                     C(M, 128, 64, 8, 3, **SPLIT), C(M, 128, 64, 8, 4, **SPLIT), C(M, 128, 32, 8, 4, **SPLIT)],
+    # weight gradients: the gathered row index costs the pipeliner a stage, so 5 stages give 3 data
+    # buffers; tma: the expert-sorted operand (s*h for w2, dg/du for w13) through TMA
+    "wgrad_w2": [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 5), C(128, 128, 32, 8, 5), C(128, 256, 64, 8, 4),
+                 C(64, 256, 64, 8, 5), C(128, 128, 32, 8, 6), C(128, 128, 32, 8, 4), C(128, 256, 32, 8, 5),
+                 C(256, 128, 32, 8, 5), C(128, 256, 32, 8, 5, **T_), C(128, 128, 32, 8, 5, **T_),
+                 C(128, 128, 32, 8, 6, **T_), C(128, 128, 64, 8, 4, **T_)],
+}
+# dx: GEMM2's pointer-load candidates, then its own TMA and warp-specialised ones
+CANDIDATES["dx"] = CANDIDATES["gemm2"][:6] + [C(M, 256, 32, 8, 4, **T_), C(M, 256, 64, 8, 3, **T_),
+                                              C(M, 128, 64, 8, 4, **T_), C(M, 256, 64, 8, 3, **WS),
+                                              C(M, 256, 32, 8, 4, **WS)]
+CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"]
+
+# block FP8: BLOCK_K is one 128-wide scale block. The block-scaled main loop waits for each K block's MMA
+# before scaling it into the accumulator, so a program's tensor cores idle during that step; programs of
+# one warpgroup (64 rows, 4 warps) hold half the registers, and several of them per multiprocessor cover
+# each other's scaling steps. Row kernels: 64-row halves of the plan's tiles against whole 128-row tiles.
+# GEMM1 always covers 2 x 64 columns (one scale block of h); dgrad_swiglu is its GEMM (q, stored sorted)
+F = configs.FP8_BLOCK
+# (the row kernels' weight tiles stay inside one 128-column scale block: BLOCK_N <= 128)
+_FP8_ROWS = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F, 4, 5, **T_), C(M, 128, F, 8, 3, **T_),
+             C(M, 128, F, 8, 4, **T_)]
+_FP8_WGRAD = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F, 4, 5, **T_), C(64, 256, F, 8, 3, **T_),
+              C(128, 128, F, 8, 3, **T_), C(128, 128, F, 8, 4, **T_)]
+CANDIDATES_FP8 = {
+    "gemm1_swiglu": [C(64, 64, F, 4, 3, **T_), C(64, 64, F, 4, 4, **T_), C(64, 64, F, 4, 5, **T_),
+                     C(M, 64, F, 8, 3, **T_), C(M, 64, F, 8, 4, **T_)],
+    # warp specialisation of the 64-row, 4-warp loops stops Triton 3.6 with an internal assertion
+    # (TaskIdPropagation.cpp, docs/results/tune_logs/2026-12-04_fp8_tune_2048x768_a.log): 128 rows only
+    "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)],
+    "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS],
+    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)],
+    "wgrad_w2": _FP8_WGRAD,
+    "wgrad_w13": _FP8_WGRAD,
+}
+
+
+def for_kernel(kernel: str, precision: str) -> list[TileConfig]:
+    """The candidates of one kernel at one precision ("bf16" or "fp8")."""
+    if configs.interpreting():
+        base = configs.tile_config(kernel, 128, 128, precision)
+        return [base, replace(base, num_warps=8 if base.num_warps == 4 else 4)]
+    return (CANDIDATES_FP8 if precision == "fp8" else CANDIDATES)[kernel]
