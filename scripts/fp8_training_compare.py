@@ -102,6 +102,8 @@ def loss_rule(arms: list[dict]) -> dict:
     stock16 = _pick(arms, lambda a: a["experts"] == "stock bf16" and plain(a), "stock bf16", longest=True)
     stock8 = _pick(arms, lambda a: a["stock_float8"], "a stock float8 recipe", longest=True)
     steps = sorted(set(mega8["losses"]) & set(mega16["losses"]) & set(stock16["losses"]) & set(stock8["losses"]))
+    if not steps:
+        raise SystemExit("the four arms of the loss rule share no logged step")
     mega = [abs(mega8["losses"][s] - mega16["losses"][s]) for s in steps]
     stock = [abs(stock8["losses"][s] - stock16["losses"][s]) for s in steps]
     ms, ss = _stats(mega), _stats(stock)
@@ -116,6 +118,8 @@ def loss_rule(arms: list[dict]) -> dict:
 
 
 def speed(arms: list[dict]) -> dict:
+    # the fastest mega_moe fp8 arm, whatever its dense layers (the issue allows torchao's float8 Linear
+    # there when it helps); its label says which ran
     mega8 = _pick(arms, lambda a: a["experts"] == "mega_moe fp8", "mega_moe fp8")
     bases = {"stock_float8_fastest": _pick(arms, lambda a: a["stock_float8"], "a stock float8 recipe"),
              "stock_bf16": _pick(arms, lambda a: a["experts"] == "stock bf16" and a["dense"] == "bf16 Linear",
@@ -194,13 +198,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    copies, only = [], {}
+    copies, only, sources = [], {}, {}
     for run in args.runs:  # the inputs travel with the outputs
         name, sep, arm_list = run.rpartition(":")
         if not sep or "/" in arm_list:
             name, arm_list = run, ""
         path = Path(name) / "ab.json" if Path(name).is_dir() else Path(name)
+        if path.resolve() in sources.values():
+            raise SystemExit(f"{path} is given twice: give it once, with every arm wanted (FILE:ARM1,ARM2)")
         dest = out / (f"{path.parent.name}.ab.json" if path.name == "ab.json" else path.name)
+        if dest in sources:  # two runs whose folders share a name
+            raise SystemExit(f"{path} and {sources[dest]} would both be copied to {dest}: rename one folder")
+        sources[dest] = path.resolve()
         if dest.resolve() != path.resolve():
             shutil.copyfile(path, dest)
         copies.append(dest)

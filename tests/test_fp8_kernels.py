@@ -6,8 +6,6 @@ most 2x the emulation's. On CPU the kernels run in Triton's interpreter at small
 same tests compile them, and the GPU-only cases below run real Qwen3 shapes.
 """
 
-import gc
-
 import pytest
 import torch
 import triton

@@ -109,6 +109,21 @@ def test_fake_impl_gives_shapes_for_compile():
     assert out.shape == (6, 32) and g.shape == u.shape == (12, 16) and meta.shape == (2 * 12 + 5 + 2 * n_tiles + 1,)
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "fp8_bwd"])
+def test_fake_impl_matches_the_real_outputs(precision):
+    """The fake implementation (what torch.compile traces) gives every output's real shape and dtype:
+    under fp8 the residuals include the FP8 W^T copies."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    case = make_case(9, 256, 128, 3, 2, dtype=torch.bfloat16, device=dev)
+    with FakeTensorMode() as mode:
+        fake = torch.ops.titan_megamoe.moe_forward(*[mode.from_tensor(t) for t in case.inputs()], precision, "triton")
+    real = torch.ops.titan_megamoe.moe_forward(*case.inputs(), precision, "triton")
+    assert len(fake) == len(real) == (10 if precision == "fp8" else 4)
+    assert [(tuple(t.shape), t.dtype) for t in fake] == [(tuple(t.shape), t.dtype) for t in real]
+
+
 def test_triton_backend_names_unaligned_dims_and_the_fix():
     case = make_case(5, 32, 24, 4, 2, dtype=torch.bfloat16, device="cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match=r"H \(expert hidden dim\) must be a multiple of 16, got 24; use backend='reference'"):

@@ -279,6 +279,8 @@ def test_every_output_element_is_written(monkeypatch):
     rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
     _assert_bitwise(tiles, ref, "poisoned tiles with rows")
     _assert_bitwise(rows, quant.quantize_activation(src[plan_ref.order_N.long() // 2]), "poisoned sorted rows")
+    alone = quantize_sorted_rows(src.to(DEVICE), plan)  # without tiles: per-token quantization + gather
+    _assert_bitwise(alone, quant.quantize_activation(src[plan_ref.order_N.long() // 2]), "poisoned gathered rows")
 
 
 # ------------------------------------------------------------------------------------------------ sm_90 compile
@@ -298,9 +300,17 @@ weight_sig = dict(w_ptr="*bf16", data_ptr="*fp8e4nv", scale_ptr="*fp32", data_t_
 jobs = {
     "rows": (q._quantize_rows_kernel, dict(x_ptr="*bf16", data_ptr="*fp8e4nv", scale_ptr="*fp32", R="i32", C="i32",
              stride_r="i32", stride_c="i32"), dict(BLOCK_R=q._ROWS_PER_PROGRAM, BLOCK_C=128, INTERPRET=False), 4),
-    "gather rows": (q._gather_rows_kernel, dict(q_ptr="*fp8e4nv", q_scale_ptr="*fp32", order_ptr="*i32",
-                    data_ptr="*fp8e4nv", scale_ptr="*fp32", N="i32", C="i32", rows_per_token="i32"),
-                    dict(BLOCK_R=q._GATHER_ROWS, BLOCK_C=q._GATHER_COLS, SCALE_BLOCK=128), q._GATHER_WARPS),
+    **{f"gather rows {c}": (q._gather_rows_kernel, dict(q_ptr="*fp8e4nv", q_scale_ptr="*fp32", order_ptr="*i32",
+                            data_ptr="*fp8e4nv", scale_ptr="*fp32", N="i32", C="i32", rows_per_token="i32"),
+                            dict(BLOCK_R=q._GATHER_ROWS, BLOCK_C=c, SCALE_BLOCK=128), q._GATHER_WARPS)
+       for c in (q._GATHER_COLS, 512, 256, 128)},
+    "sorted token tiles": (q._quantize_token_tiles_kernel, tiles_sig,
+                           dict(tiles, GATHER=False, COL_BLOCKS=2, WITH_TILES=True, WITH_ROWS=False),
+                           q._TOKEN_TILE_WARPS),
+    "weight pair fp32 W": (q._quantize_weight_pair_kernel, dict(weight_sig, w_ptr="*fp32"),
+                           dict(WRITE_W=True, WRITE_WT=False, BLOCK=128, INTERPRET=False), 8),
+    "weight pair fp32 W^T": (q._quantize_weight_pair_kernel, dict(weight_sig, w_ptr="*fp32"),
+                             dict(WRITE_W=False, WRITE_WT=True, BLOCK=128, INTERPRET=False), 8),
     "token tiles": (q._quantize_token_tiles_kernel, tiles_sig,
                     dict(tiles, COL_BLOCKS=2, WITH_TILES=True, WITH_ROWS=False), q._TOKEN_TILE_WARPS),
     "rows + tiles": (q._quantize_token_tiles_kernel, tiles_sig,
@@ -316,7 +326,7 @@ print(json.dumps({name: compile_sm90(fn, sig, const, set(), warps, 1)["usage"]
 
 
 def test_quantizers_compile_for_sm90():
-    """Every quantizer launch compiles for sm_90 (on the CPU, no GPU needed). The interpreter runs code the
+    """Every quantizer launch configuration compiles for sm_90 (on the CPU, no GPU needed). The interpreter runs code the
     compiler rejects: a kernel reading a plain module global (not a constexpr) passed every CPU test and
     failed to compile on the H200 (2026-12-04)."""
     import json
@@ -330,5 +340,5 @@ def test_quantizers_compile_for_sm90():
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     usage = json.loads(p.stdout.strip().splitlines()[-1])
-    assert set(usage) == {"rows", "gather rows", "token tiles", "rows + tiles", "weight pair", "weight W^T"}
+    assert len(usage) == 12, sorted(usage)
     assert all("REG:" in u for u in usage.values()), usage

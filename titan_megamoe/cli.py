@@ -8,7 +8,8 @@ import sys
 USAGE = """usage: titan-megamoe {train,ab,tune} ... | --version
 
   train --config X.toml [torchtitan overrides ...]   run the TorchTitan 0.2.2 trainer with titan-megamoe loaded
-  ab [--config X.toml] [--steps N] [--warmup W] [--out DIR] [--stock-args "..."] [--mega-args "..."] [-- overrides]
+  ab [--config X.toml] [--steps N] [--warmup W] [--out DIR] [--arms A,B] [--stock-args "..."] [--mega-args "..."]
+     [--repeat-args "..."] [-- overrides]
                                                      run stock and mega_moe on the same config and compare
   tune --shape D H E K T [--precision bf16,fp8] [--budget-seconds S] [--out FILE]
                                                      tile configs for your shape, checked and timed on this GPU

@@ -1,8 +1,8 @@
 """The public `moe` function, the fused op as a torch.library custom op, and its one autograd path.
 
 `titan_megamoe::moe_forward` runs the Triton pipeline and returns the output followed by the residuals
-the backward needs (`pipeline.residual_specs`: gate and up in expert-sorted order, the packed routing
-plan). Because the residuals are op outputs, op-level selective activation checkpointing can save the
+the backward needs (`pipeline.residual_specs`: gate and up in expert-sorted order; under `fp8` the
+block-FP8 W1^T, W2^T, W3^T, data and scale each; the packed routing plan). Because the residuals are op outputs, op-level selective activation checkpointing can save the
 whole op (see `integrations.torchtitan`) or recompute it like stock's grouped GEMMs. The fake
 implementations make the op traceable by torch.compile; they take every shape and dtype from the
 pipeline and the precision recipe.

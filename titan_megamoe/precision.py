@@ -68,7 +68,8 @@ class Recipe:
 
 
 # DeepSeek-V3's block FP8: activations one scale per 1x128 block along the consuming GEMM's reduction
-# dimension, weights one per 128x128 block (one quantized copy serves W and W^T); quant.py has the rest
+# dimension, weights one per 128x128 block (W and W^T share their blocks' scales and values, transposed:
+# one read of the weight makes both); quant.py has the rest
 FP8_ACTIVATION_BLOCK = (1, 128)
 FP8_WEIGHT_BLOCK = (128, 128)
 _E4M3 = torch.float8_e4m3fn

@@ -11,7 +11,8 @@ e.g. stock TorchTitan's float8 recipe as the baseline; ab.json/ab.md record each
 `[mega_moe]` settings, the router and expert path that ran, and one line "arms differ in: ...". An arm whose
 loss or grad_norm turns NaN/inf fails the A/B (exit 1, naming the arm and the first bad step).
 
-`--arms stock,stock` (or `mega_moe,mega_moe`) runs one backend twice instead: the loss difference and
+`--arms stock,stock` (or `mega_moe,mega_moe`) runs one backend twice instead (`--repeat-args "..."` then
+adds overrides to the second arm only, e.g. mega_moe bf16 vs fp8): without them the loss difference and
 step-time ratio of that pair are the run-to-run noise floor against which a stock-vs-mega_moe A/B
 (especially one without --debug.deterministic) can be read. The second arm is then named `<kind>_repeat`.
 """
@@ -106,9 +107,10 @@ def parse_arms(text: str) -> list[tuple[str, bool]]:
 
 
 def take_arm_args(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """Remove `--stock-args V` / `--mega-args=V` from our options: (rest, {arm kind: overrides}).
+    """Remove `--stock-args V` / `--mega-args=V` / `--repeat-args V` from our options: (rest, {arm kind or
+    "repeat": overrides}).
 
-    argparse would read a value starting with `--` as an option, so these two are taken out first."""
+    argparse would read a value starting with `--` as an option, so these are taken out first."""
     rest, per_kind, i = [], {kind: [] for kind in ARM_ARGS.values()}, 0
     while i < len(argv):
         name, eq, value = argv[i].partition("=")

@@ -65,8 +65,10 @@ def _title(record: dict) -> str:
     base, cand = arm_order(record)
     if (base, cand) == ARMS:
         return "stock TorchTitan MoE vs mega_moe"
-    repeat = record["arms"].get(cand, {}).get("arm_overrides") != record["arms"].get(base, {}).get("arm_overrides")
-    if repeat:
+    if cand != f"{base}_repeat":  # e.g. --arms mega_moe,stock
+        return f"{base} vs {cand}"
+    arms = record["arms"]
+    if arms.get(cand, {}).get("arm_overrides") != arms.get(base, {}).get("arm_overrides"):
         return f"{base} vs {cand} (one backend twice, the second with --repeat-args)"
     return f"{base} vs {cand} (one backend twice: the run-to-run noise floor)"
 

@@ -18,10 +18,12 @@ the backward; g and u stay bf16 (they feed dSwiGLU's nonlinearity, not a GEMM).
 The FP8 weights are made from the weights the call is given, every call: the `fp8` forward quantizes each
 weight once into W (its GEMMs) and W^T (dgrad and dx read it; Hopper's FP8 MMA takes K-major operands
 only) and hands W^T to the backward as residuals; under `fp8_bwd` the backward quantizes W^T itself.
-Nothing is cached across calls: a cache keyed on a weight's version counter served stale weights to every
-forward after the first, because the fused AdamW TorchTitan uses by default (`_fused_adamw_`) updates
-parameters in place without bumping their version counters (measured on the H200 on 2026-12-04: the
-experts trained forward on their initial weights; docs/kernels.md).
+Nothing is cached across calls: a cache keyed on a weight's version counter served stale weights. The
+fused AdamW TorchTitan uses by default (`_fused_adamw_`) updates parameters in place without bumping
+their version counters, and a forward's entry outlived its step whenever the backward did not release
+it: under activation checkpointing the backward saw the recomputed (another) tensor, and a forward
+without a backward releases nothing. On the H200 (2026-12-04) the experts' forward ran on their initial
+weights for a whole training run; docs/kernels.md.
 """
 
 from __future__ import annotations
