@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def ab(out: Path, *args: str) -> Path:
-    cmd = [sys.executable, "-m", "titan_megamoe.cli", "ab", "--steps", "3", "--warmup", "1", "--out", str(out),
+    cmd = [sys.executable, "-m", "titan_megamoe.cli", "ab", "--steps", "2", "--warmup", "1", "--out", str(out),
            *args, "--", "--model.flavor", "megamoe_tiny_fp8"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -39,13 +39,13 @@ def test_compare_names_arms_and_computes_targets(tmp_path):
     assert sp["stock_float8_fastest"]["label"] == "stock bf16 + float8 Linear rowwise"
     assert sp["stock_bf16"]["ratio"] == tps["mega_moe fp8 + bf16 Linear"] / tps["stock bf16 + bf16 Linear"]
     lr = result["loss"]
-    assert lr["steps"] == 3 and len(lr["per_step"]) == 3
+    assert lr["steps"] == 2 and len(lr["per_step"]) == 2
     ab_fp8 = json.loads((fp8 / "ab.json").read_text())
     ab_bf16 = json.loads((bf16 / "ab.json").read_text())
-    step3 = {name: [s["loss"] for s in rec["arms"][arm]["steps"] if s["step"] == 3][0]
+    step2 = {name: [s["loss"] for s in rec["arms"][arm]["steps"] if s["step"] == 2][0]
              for name, rec, arm in (("m8", ab_fp8, "mega_moe"), ("m16", ab_bf16, "mega_moe"),
                                     ("s8", ab_fp8, "stock"), ("s16", ab_bf16, "stock"))}
-    assert lr["per_step"]["3"]["mega_moe"] == abs(step3["m8"] - step3["m16"])
-    assert lr["per_step"]["3"]["stock"] == abs(step3["s8"] - step3["s16"])
+    assert lr["per_step"]["2"]["mega_moe"] == abs(step2["m8"] - step2["m16"])
+    assert lr["per_step"]["2"]["stock"] == abs(step2["s8"] - step2["s16"])
     assert lr["mega_moe_fp8_vs_bf16"]["max_abs"] > 0  # FP8 ran: its losses differ from bf16's
-    assert (out / "compare.png").stat().st_size > 0 and "Loss over 3 steps" in (out / "compare.md").read_text()
+    assert (out / "compare.png").stat().st_size > 0 and "Loss over 2 steps" in (out / "compare.md").read_text()

@@ -259,16 +259,27 @@ def test_missing_config_file(tmp_path):
     assert "no.toml" in p.stderr and "not found" in p.stderr and "tiny_cpu" in p.stderr
 
 
+FP8_FLAVOR = ("--model.flavor", "megamoe_tiny_fp8", "--training.steps", "3")
+
+
+@pytest.fixture(scope="module")
+def fp8_flavor_runs(tmp_path_factory) -> dict:
+    """Stock and mega_moe fp8 on the tiny flavor with FP8's shapes, 3 steps: shared by the tests below."""
+    root = tmp_path_factory.mktemp("fp8_flavor")
+    return {"stock": train(root / "stock", *FP8_FLAVOR),
+            "fp8": train(root / "fp8", *FP8_FLAVOR, "--mega_moe.enable", "--mega_moe.precision", "fp8")}
+
+
 @pytest.mark.parametrize("precision", ["fp8", "fp8_bwd"])
-def test_block_fp8_trains_close_to_stock(precision, tmp_path):
+def test_block_fp8_trains_close_to_stock(precision, fp8_flavor_runs, tmp_path):
     """`[mega_moe] precision = fp8 / fp8_bwd` through the real trainer (on CPU: the reference backend's
     block-FP8 emulation, the Triton kernels' oracle), on the tiny flavor with FP8's shapes: it swaps at the
     precision asked for, trains, and stays near stock bf16's losses without equalling them (a silent bf16
     fallback would equal them: the bf16 reference is bitwise stock here)."""
-    flavor = ("--model.flavor", "megamoe_tiny_fp8", "--training.steps", "4")
-    stock = train(tmp_path / "stock", *flavor)
-    mega = train(tmp_path / precision, *flavor, "--mega_moe.enable", "--mega_moe.precision", precision)
-    assert sorted(mega.steps) == sorted(stock.steps) == [1, 2, 3, 4], mega.log[-3000:]
+    stock = fp8_flavor_runs["stock"]
+    mega = fp8_flavor_runs["fp8"] if precision == "fp8" else train(
+        tmp_path / precision, *FP8_FLAVOR, "--mega_moe.enable", "--mega_moe.precision", precision)
+    assert sorted(mega.steps) == sorted(stock.steps) == [1, 2, 3], mega.log[-3000:]
     assert swap_line(mega.log) == (f"[mega_moe] swapped 2 MoE layers to the fused op: precision={precision}, "
                                    "backend=reference, router stock, AC none")
     diffs = [abs(a - b) for a, b in zip(mega.losses(), stock.losses())]
@@ -279,35 +290,32 @@ def test_block_fp8_trains_close_to_stock(precision, tmp_path):
     assert any(d > 0 for d in diffs), "FP8 losses equal bf16's: was FP8 run at all?"
 
 
-def test_block_fp8_composes_with_torchao_float8_linear(tmp_path):
+def test_block_fp8_composes_with_torchao_float8_linear(fp8_flavor_runs, tmp_path):
     """mega_moe fp8 on the experts with torchao's float8 Linear converter on the dense layers (emulated on
     CPU): both conversions apply and it trains; asking for torchao's float8 grouped_mm on the experts that
     mega_moe owns is a clear error before training."""
-    flavor = ("--model.flavor", "megamoe_tiny_fp8", "--training.steps", "3")
     linear = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
               "--quantize.linear.float8.recipe_name", "rowwise")
     mega = ("--mega_moe.enable", "--mega_moe.precision", "fp8")
-    run = train(tmp_path / "both", *flavor, *linear, *mega)
+    run = train(tmp_path / "both", *FP8_FLAVOR, *linear, *mega)
     assert sorted(run.steps) == [1, 2, 3], run.log[-3000:]
     assert "Float8 training active with recipe rowwise" in run.log
     assert swap_line(run.log) == ("[mega_moe] swapped 2 MoE layers to the fused op: precision=fp8, "
                                   "backend=reference, router stock, AC none")
-    plain = train(tmp_path / "plain", *flavor, *mega)
-    assert plain.losses() != run.losses()  # the dense layers' float8 changed the numbers
-    bad = train(tmp_path / "grouped", *flavor, *mega, "--model.converters", "quantize.grouped_mm.float8",
+    assert fp8_flavor_runs["fp8"].losses() != run.losses()  # the dense layers' float8 changed the numbers
+    bad = train(tmp_path / "grouped", *FP8_FLAVOR, *mega, "--model.converters", "quantize.grouped_mm.float8",
                 "--quantize.grouped_mm.float8.fqns", "experts", check=False)
     assert bad.returncode != 0 and not bad.steps
     assert "quantize.grouped_mm.float8" in bad.log and "--mega_moe.precision" in bad.log
 
 
 def test_tile_table_is_loaded_on_every_rank_or_stops_the_job(tmp_path):
-    """`[mega_moe] tile_table`: the converter loads the `titan-megamoe tune` file on each rank and the swap
+    """`[mega_moe] tile_table`: the converter loads the `titan-megamoe tune` file (on each rank) and the swap
     line names it with its hash; a missing file stops the job before training, naming the fix."""
     table = tmp_path / "tiles.json"
     cfg = {"block_m": 64, "block_n": 128, "block_k": 128, "num_warps": 4, "num_stages": 4, "tma": True}
     table.write_text(json.dumps({"configs": {"fp8": {"128x128": {"gemm2": cfg}}}, "runs": []}))
-    run = train(tmp_path / "ok", "--training.steps", "1", "--mega_moe.enable", "--mega_moe.tile_table", str(table),
-                nproc=2)
+    run = train(tmp_path / "ok", "--training.steps", "1", "--mega_moe.enable", "--mega_moe.tile_table", str(table))
     lines = [line for line in run.log.splitlines() if "[mega_moe] swapped" in line]
     assert lines and all(f"tiles {table} (sha256 " in line for line in lines), lines
     missing = train(tmp_path / "missing", "--training.steps", "1", "--mega_moe.enable", "--mega_moe.tile_table",
