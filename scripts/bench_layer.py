@@ -594,6 +594,9 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="start no case once this many seconds have passed (those cases are recorded as not run)")
     ap.add_argument("--out", default="docs/results", help="directory for the JSON file")
+    ap.add_argument("--tile-table", default=None,
+                    help="a table file from `titan-megamoe tune`, used before the shipped table (its path and "
+                         "sha256 go into the JSON)")
     a = ap.parse_args()
     if a.rounds < 1 or a.iters < 1:
         ap.error(f"--rounds and --iters must be at least 1, got {a.rounds} and {a.iters}")
@@ -601,6 +604,10 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("bench_layer.py needs a CUDA GPU")
     env = environment()
+    if a.tile_table:
+        from titan_megamoe.kernels import configs
+
+        env["tile_table"] = configs.use_tile_table(a.tile_table)
     os.makedirs(a.out, exist_ok=True)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     path = os.path.join(a.out, f"bench_layer_{stamp}.json")

@@ -11,6 +11,8 @@ Times every candidate of every kernel in isolation on one shape with random top-
     python scripts/tune_kernels.py --shape 2048 768 128 8 16384 --write
     python scripts/tune_kernels.py --precision fp8 --shape 2048 768 128 8 16384 --write   # block FP8
     python scripts/tune_kernels.py --merge docs/results/tune_4096x1536_*.json   # table from a recorded run
+
+--merge also takes the table files `titan-megamoe tune` writes (every candidate oracle-checked first).
 """
 
 from __future__ import annotations
@@ -68,6 +70,18 @@ def merge_run(run: dict) -> None:
     print(f"wrote {configs.TABLE_PATH}")
 
 
+def merge_tune_table(table: dict) -> None:
+    """Merge a `titan-megamoe tune` table file: its runs, grouped by precision and shape, as recorded runs."""
+    env = table.get("environment", {})
+    groups: dict = {}
+    for r in table["runs"]:
+        if "ms" in r:  # candidates that failed to compile or the oracle check carry no time
+            groups.setdefault((r["precision"], tuple(r["shape"])), []).append(r)
+    for (precision, shape), runs in groups.items():
+        merge_run({"shape": list(shape), "precision": precision, "gpu": env.get("gpu"),
+                   "date": min(r["date"] for r in runs), "commit": env.get("commit"), "runs": runs})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shape", nargs=5, type=int, metavar=("D", "H", "E", "K", "T"), default=[2048, 768, 128, 8, 16384])
@@ -80,7 +94,8 @@ def main():
     a = ap.parse_args()
     if a.merge:
         for path in a.merge:
-            merge_run(json.loads(open(path).read()))
+            run = json.loads(open(path).read())
+            merge_tune_table(run) if "configs" in run else merge_run(run)
         return
     D, H, E, K, T = a.shape
     fp8 = a.precision == "fp8"

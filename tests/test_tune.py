@@ -11,37 +11,40 @@ import torch
 
 from titan_megamoe.kernels import configs
 from titan_megamoe.kernels.configs import TileConfig
-from titan_megamoe.tune import search
+from titan_megamoe.tune import candidates, search
 from titan_megamoe.tune.oracle_check import FACTOR, LayerCheck
 
 SHAPE = (128, 128, 4, 2, 64)
+# the kernels run where the suite runs them: the interpreter on CPU, compiled on a GPU host
+DEVICE = search.interpreter_device()
 
 
 def test_tune_writes_checked_winners_and_resumes(tmp_path):
     out = tmp_path / "tiles.json"
     lines = []
-    table = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device="cpu", say=lines.append)
+    table = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device=DEVICE, say=lines.append)
     runs = [r for r in table["runs"] if r["kernel"] == "gemm2"]
-    assert len(runs) == 2 and all("ms" in r and r["check"]["worst_error_vs_same_math"] <= FACTOR for r in runs)
+    n = len(candidates.for_kernel("gemm2", "fp8"))
+    assert len(runs) == n and all("ms" in r and r["check"]["worst_error_vs_same_math"] <= FACTOR for r in runs)
     best = min(runs, key=lambda r: r["ms"])
     on_disk = json.loads(out.read_text())
     assert on_disk["configs"]["fp8"]["128x128"]["gemm2"] == best["config"]
     assert on_disk["measured"]["fp8"]["128x128"]["gemm2"]["ms"] == best["ms"]
-    assert any("gemm2 1/2" in line for line in lines) and "done" in lines[-1]
+    assert any(f"gemm2 1/{n}" in line for line in lines) and "done" in lines[-1]
     # run again: nothing left to do at this shape, the runs are kept as they were
-    again = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device="cpu", say=lines.append)
+    again = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device=DEVICE, say=lines.append)
     assert again["runs"] == on_disk["runs"]
 
 
 def test_tune_stops_at_its_budget_and_says_how_to_continue(tmp_path):
     out = tmp_path / "tiles.json"
     lines = []
-    table = search.tune(SHAPE, "fp8", ["gemm2", "dx"], out, budget_s=1e-9, device="cpu", say=lines.append)
+    table = search.tune(SHAPE, "fp8", ["gemm2", "dx"], out, budget_s=1e-9, device=DEVICE, say=lines.append)
     assert table["runs"] == [] and "run the same command again to continue" in lines[-1]
 
 
 def test_oracle_check_rejects_a_wrong_kernel(monkeypatch):
-    check = LayerCheck(128, 128, 4, 2, "bf16", "cpu")
+    check = LayerCheck(128, 128, 4, 2, "bf16", DEVICE)
     ok, _ = check()
     assert ok <= FACTOR
     from titan_megamoe.kernels import grouped_gemm
@@ -85,3 +88,18 @@ def test_cli_usage_errors():
     assert p.returncode == 2 and "K <= E" in p.stderr
     p = run("--shape", "128", "128", "4", "2", "64", "--precision", "fp16")
     assert p.returncode == 2 and "--precision takes bf16, fp8" in p.stderr
+
+
+def test_untuned_shapes_get_the_defaults_of_their_expert_size():
+    """Shapes the table lacks: large experts (Mixtral-like H) get the large-expert winners, not 30B's."""
+    large, small = configs._GPU_DEFAULTS_LARGE_EXPERT, configs._GPU_DEFAULTS
+    assert large["wgrad_w2"] != small["wgrad_w2"]
+    for kernel in configs.KERNELS:
+        assert configs._table_config(kernel, 6144, 16384, "bf16") == large[kernel]  # not in the table
+        want = small[kernel]
+        got = configs._table_config(kernel, 1536, 512, "bf16")  # narrow: block_n may be halved, nothing else
+        assert (got.block_m, got.block_k, got.num_warps, got.num_stages) == (want.block_m, want.block_k,
+                                                                            want.num_warps, want.num_stages)
+        # the shipped table's own entries win over either default
+        assert configs._table_config(kernel, 4096, 14336, "bf16") == configs.TileConfig.from_record(
+            configs._tuned_table()["bf16"]["4096x14336"][kernel])

@@ -57,7 +57,7 @@ KERNELS = ROW_KERNELS + WGRAD_KERNELS
 # the routing plan's tile rows: one tile schedule serves every row-tiled kernel, whose programs take a
 # tile whole or in equal parts (TileConfig.block_m divides it)
 ROW_BLOCK_M = 128
-# defaults for shapes the table lacks: the winners at Qwen3-30B-A3B's shape on the H200 (split dgrad and
+# defaults for shapes the table lacks, by expert size. Small experts: the winners at Qwen3-30B-A3B's shape on the H200 (split dgrad and
 # TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where a tensor does not allow it).
 # wgrad: read off sm_90 compiles (wgmma, no spills; the gathered row index costs the pipeliner a stage,
 # so 5 stages give 3 data buffers)
@@ -68,6 +68,19 @@ _GPU_DEFAULTS = {
     "dx": TileConfig(ROW_BLOCK_M, 256, 32, 8, 4, tma=True),
     "wgrad_w2": TileConfig(128, 128, 64, 8, 5),
     "wgrad_w13": TileConfig(128, 128, 64, 8, 5),
+}
+# large experts (Mixtral-like, H >= LARGE_EXPERT_HIDDEN): the winners at D=4096, H=14336 (E=8, K=2,
+# T=8192) on the H200, `titan-megamoe tune` (docs/results/tune_4096x14336_20261204T1249.json). They differ
+# from the small-expert defaults most in dW2 (128x256 TMA tiles: 4.41 against 5.32 ms there), then GEMM1
+# (one more stage through TMA: 8.26 against 8.50 ms)
+LARGE_EXPERT_HIDDEN = 4096
+_GPU_DEFAULTS_LARGE_EXPERT = {
+    "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 4, tma=True),
+    "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, warp_specialize=True),
+    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, 32, 8, 4, split=True),
+    "dx": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True),
+    "wgrad_w2": TileConfig(128, 256, 32, 8, 5, tma=True),
+    "wgrad_w13": TileConfig(128, 128, 32, 8, 6, tma=True),
 }
 # block FP8: every reduction step is one 128-wide scale block (BLOCK_K = 128); GEMM1's 2 x 64 columns
 # cover one 128-wide scale block of h per row. A block-scaled main loop waits for each K block's MMA
@@ -189,7 +202,8 @@ def tile_config(kernel: str, dim: int, hidden: int, precision: str = "bf16") -> 
 def _table_config(kernel: str, dim: int, hidden: int, precision: str) -> TileConfig:
     user = _user_table.get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
     tuned = _tuned_table().get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
-    defaults = _GPU_DEFAULTS_FP8 if precision == "fp8" else _GPU_DEFAULTS
+    defaults = (_GPU_DEFAULTS_FP8 if precision == "fp8"
+                else _GPU_DEFAULTS_LARGE_EXPERT if hidden >= LARGE_EXPERT_HIDDEN else _GPU_DEFAULTS)
     cfg = user or (TileConfig.from_record(tuned) if tuned else defaults[kernel])
     if kernel in ROW_KERNELS and precision != "fp8":
         # narrow problems (small D or H) must not ask for tiles wider than the matrix

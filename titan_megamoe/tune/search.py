@@ -10,7 +10,7 @@ The file is the shipped table's schema (`kernels/configs.py`) plus every candida
     {"configs":  {precision: {"DxH": {kernel: {TileConfig fields}}}},
      "measured": {precision: {"DxH": {kernel: {"ms", "tflops", "T", "E", "K", "gpu", "date"}}}},
      "runs": [{"precision", "shape", "kernel", "config", "ms" | "failed", "check", ...}, ...],
-     "environment": {"gpu", "torch", "triton", "titan_megamoe"}}
+     "environment": {"gpu", "torch", "triton", "titan_megamoe", "commit"}}
 
 `[mega_moe] tile_table` (or `titan_megamoe.use_tile_table`) points the kernels at it.
 """
@@ -34,9 +34,12 @@ from .oracle_check import FACTOR, LayerCheck
 
 def _environment(device) -> dict:
     from .. import __version__
+    from ..ab.environment import git_commit
 
     gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "cpu (Triton interpreter)"
-    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "titan_megamoe": __version__}
+    commit = git_commit()
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "titan_megamoe": __version__,
+            "commit": commit and commit["commit"]}
 
 
 def load(path: Path) -> dict:
