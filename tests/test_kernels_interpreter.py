@@ -72,6 +72,8 @@ from moe_cases import make_case, reference_results, forward_backward, assert_fla
 import titan_megamoe
 from titan_megamoe.kernels import configs, gemm1_swiglu, grouped_gemm
 configs._INTERPRETER = dataclasses.replace(configs._INTERPRETER, tma=True, warp_specialize=True)
+# dgrad split with tma: dout's rows copied into sorted order, q from the grouped GEMM through TMA
+configs._overrides["dgrad_swiglu"] = dataclasses.replace(configs._INTERPRETER, split=True, warp_specialize=False)
 made = []
 def counting(module):
     real = module.matrix_descriptor
@@ -81,6 +83,10 @@ def counting(module):
     module.matrix_descriptor = wrapped
 counting(gemm1_swiglu)
 counting(grouped_gemm)
+from titan_megamoe.kernels import dgrad_swiglu
+q_gemms = []
+real_q = dgrad_swiglu.expert_h_grad
+dgrad_swiglu.expert_h_grad = lambda *a, **k: q_gemms.append(1) or real_q(*a, **k)
 for i, (T, D, H, E, K, routing) in enumerate({CASES!r}):
     case = make_case(T, D, H, E, K, routing, seed=i)
     dout = torch.randn(T, D, generator=torch.Generator().manual_seed(100 + i)).bfloat16()
@@ -88,14 +94,17 @@ for i, (T, D, H, E, K, routing) in enumerate({CASES!r}):
     got = forward_backward(lambda *a: titan_megamoe.moe(*a, backend="triton"), case, dout)
     print((T, D, H, E, K, routing), "; ".join(assert_flash_rule(got, ref64, bf16)))
 print("descriptors", sorted(set(m for m, _ in made)), len(made))
+print("dgrad q through the grouped GEMM", len(q_gemms))
 """
     out = _run(code)
     assert out.count("dw3: err") == len(CASES), out
     assert "descriptors ['gemm1_swiglu', 'grouped_gemm']" in out, out
+    assert f"dgrad q through the grouped GEMM {len(CASES)}" in out, out
 
 
 def test_split_dgrad_matches_oracle_under_interpreter():
-    """TileConfig.split: dgrad's GEMM stores q (bf16) and an elementwise kernel does the dSwiGLU."""
+    """TileConfig.split: dgrad's GEMM stores q (bf16) and an elementwise kernel does the dSwiGLU; GEMM1
+    copies x's rows into sorted order first and reads them through TMA."""
     code = f"""
 import dataclasses
 import torch
@@ -110,14 +119,18 @@ class Counting:
         launched.append(grid)
         return real[grid]
 dgrad_swiglu._dswiglu_rows_kernel = Counting()
+from titan_megamoe.kernels import gemm1_swiglu
+gathered = []
+real_gather = gemm1_swiglu.sorted_source_rows
+gemm1_swiglu.sorted_source_rows = lambda *a: gathered.append(1) or real_gather(*a)
 for i, (T, D, H, E, K, routing) in enumerate({CASES!r}):
     case = make_case(T, D, H, E, K, routing, seed=i)
     dout = torch.randn(T, D, generator=torch.Generator().manual_seed(100 + i)).bfloat16()
     ref64, bf16 = reference_results(case, dout)
     got = forward_backward(lambda *a: titan_megamoe.moe(*a, backend="triton"), case, dout)
     print((T, D, H, E, K, routing), "; ".join(assert_flash_rule(got, ref64, bf16)))
-print("rows kernel launches", len(launched))
+print("rows kernel launches", len(launched), "x gathered first", len(gathered))
 """
     out = _run(code)
     assert out.count("dw3: err") == len(CASES), out
-    assert f"rows kernel launches {len(CASES)}" in out, out
+    assert f"rows kernel launches {len(CASES)} x gathered first {len(CASES)}" in out, out

@@ -33,7 +33,9 @@ class TileConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # contiguous operands (weights, sorted rows) through TMA descriptors
-    split: bool = False  # dgrad_swiglu only: GEMM stores q, a second elementwise kernel does the dSwiGLU
+    # gemm1_swiglu (bf16): x's rows copied into sorted order first, read through TMA; dgrad_swiglu: the GEMM
+    # stores q, a second elementwise kernel does the dSwiGLU (with tma: dout's rows copied first, likewise)
+    split: bool = False
     warp_specialize: bool = False  # gemm2 / dx with tma only: Triton's automatic warp specialisation
 
     @classmethod

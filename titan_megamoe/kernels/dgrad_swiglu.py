@@ -14,7 +14,9 @@ Split mode (`TileConfig.split`, chosen per shape by the tuner): the GEMM stores 
 with no dSwiGLU epilogue, which frees the registers for GEMM1-sized tiles (two 128x128 accumulators;
 with the epilogue that shape spills), and a second, elementwise kernel does the dSwiGLU, s*h and ds from
 q, g, u. It costs one extra N x H bf16 round trip and rounds q to bf16 first (stock's autograd also
-hands dh to the SwiGLU backward in bf16).
+hands dh to the SwiGLU backward in bf16). Split with `tma`: dout's rows are first copied into sorted
+order and q comes from the row-tiled grouped GEMM with both operands through TMA (`expert_h_grad`),
+the same q up to summation order; `block_n` is then that GEMM's whole tile width.
 
 Block FP8 (dout and W2 `BlockScaled`; W2 as its transposed copy W2^T [E, H, D], K-major for the FP8
 MMA): always split. The GEMM (`grouped_gemm.expert_h_grad`, the row-tiled GEMM with sorted stores) reads
@@ -34,7 +36,7 @@ import triton.language as tl
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, new_output
+from .common import INTERPRET, new_output, sorted_source_rows, tma_ok
 from .configs import FP8_BLOCK as _FP8_BLOCK
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import dswiglu, dswiglu_values_bf16, store_rows_fp8, store_sorted, store_token_tile
@@ -161,14 +163,23 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
     E, D, _ = w2_EDH.shape
     cfg = tile_config("dgrad_swiglu", D, H, precision)
     num_n = triton.cdiv(H, 2 * cfg.block_n)
-    dg, du, hs = (new_output((N, H), g_NH.dtype, g_NH.device) for _ in range(3))
     # the interpreter's small tiles keep CPU tests fast
     rows_block_n = cfg.block_n if INTERPRET else _ROWS_BLOCK_N
     num_n_ds = triton.cdiv(H, rows_block_n) if cfg.split else num_n
     ds_part = new_output((N, num_n_ds), torch.float32, g_NH.device)
+    gathered_first = cfg.split and cfg.tma and tma_ok(dout_RD, w2_EDH)
+    if gathered_first:
+        # dout's rows copied into sorted order, then q = dout W2_e by the grouped GEMM with both operands
+        # through TMA, stored in dg's buffer like the fused kernel's q; the rows kernel below takes it on
+        dout_sorted = sorted_source_rows(dout_RD, plan)
+        dg = expert_h_grad(dout_sorted, w2_EDH, plan, g_NH.dtype, precision)
+        del dout_sorted
+        du, hs = (new_output((N, H), g_NH.dtype, g_NH.device) for _ in range(2))
+    else:
+        dg, du, hs = (new_output((N, H), g_NH.dtype, g_NH.device) for _ in range(3))
     sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
     grid = (plan.layout.num_tiles * sub_tiles * num_n,)
-    if grid[0] > 0:
+    if grid[0] > 0 and not gathered_first:
         _dgrad_swiglu_kernel[grid](
             dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
             dg, du, hs, ds_part, D, H, plan.rows_per_token, dout_RD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1), 1,

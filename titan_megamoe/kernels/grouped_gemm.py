@@ -5,7 +5,8 @@
 Serves three passes with the weight layout given by strides:
   forward GEMM2:  y_n  = h_p W2_e^T              (one pair; B = W2_e read transposed)
   backward dx:    dx_n = dg_p W1_e + du_p W3_e   (two pairs sharing one accumulator)
-  block-FP8 dgrad: q_p = dout_p W2_e             (stored in sorted order: `dgrad_swiglu` continues from it)
+  dgrad's GEMM:   q_p = dout_p W2_e             (stored in sorted order: `dgrad_swiglu` continues from it;
+                                                 block FP8, and bf16 with its rows gathered first)
 
 With `TileConfig.tma` both operands come through TMA descriptors: A is contiguous in sorted order (a tile
 is rows [tile_row, tile_row + BLOCK_M)) and B is the weight viewed as a matrix. Rows of a tile past its
@@ -134,10 +135,18 @@ def expert_down_proj(h_NH, w2_EDH, plan: RoutingPlan, out_dtype, precision: str)
     return _launch("gemm2", h_NH, w2_EDH, None, None, strides, True, D, plan, D, H, out_dtype, precision)
 
 
-def expert_h_grad(dout_ND: BlockScaled, w2t_EHD: BlockScaled, plan: RoutingPlan, out_dtype, precision: str):
-    """Block-FP8 dgrad's GEMM: q_p = dout_p W2_e, [N, H] in out_dtype, sorted rows (the gradient of h
-    before the score; `dgrad_swiglu` takes it on). dout_ND: the plan's rows in sorted order, 1x128 along
-    D; w2t_EHD: the transposed copy W2^T [E, H, D] (K-major for the FP8 MMA)."""
+def expert_h_grad(dout_ND, w2_E, plan: RoutingPlan, out_dtype, precision: str):
+    """dgrad's GEMM alone: q_p = dout_p W2_e, [N, H] in out_dtype, sorted rows (the gradient of h before
+    the score; `dgrad_swiglu` takes it on). dout_ND: the plan's rows in sorted order.
+
+    bf16 (split dgrad with its rows gathered first): w2_E is W2 itself [E, D, H], read [k=d, n=h].
+    Block FP8: dout 1x128 along D and w2_E the transposed copy W2^T [E, H, D] (K-major for the FP8 MMA)."""
+    if not isinstance(dout_ND, BlockScaled):
+        E, D, H = w2_E.shape
+        strides = (w2_E.stride(0), w2_E.stride(1), w2_E.stride(2))  # B[k=d, n=h] = W2[e, d, h]
+        return _launch("dgrad_swiglu", dout_ND, w2_E, None, None, strides, False, H, plan, D, H, out_dtype,
+                       precision, sorted_out=True)
+    w2t_EHD = w2_E
     w2t = w2t_EHD.data
     E, H, D = w2t.shape
     strides = (w2t.stride(0), w2t.stride(2), w2t.stride(1))  # B[k=d, n=h] = W2^T[e, h, d]

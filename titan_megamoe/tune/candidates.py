@@ -17,9 +17,12 @@ SPLIT = dict(split=True)
 WS = dict(tma=True, warp_specialize=True)
 C = TileConfig
 CANDIDATES = {
+    # split: x's rows copied into sorted order first, so they come through TMA as well
     "gemm1_swiglu": [C(M, 64, 64, 4, 4), C(M, 64, 64, 8, 4), C(M, 128, 64, 8, 3), C(M, 128, 64, 8, 4),
                      C(M, 128, 32, 8, 4), C(M, 128, 64, 8, 5),
-                     C(M, 128, 64, 8, 3, **T_), C(M, 128, 64, 8, 4, **T_), C(M, 128, 32, 8, 4, **T_)],
+                     C(M, 128, 64, 8, 3, **T_), C(M, 128, 64, 8, 4, **T_), C(M, 128, 32, 8, 4, **T_),
+                     C(M, 128, 64, 8, 3, **T_, **SPLIT), C(M, 128, 64, 8, 4, **T_, **SPLIT),
+                     C(M, 128, 32, 8, 4, **T_, **SPLIT)],
     "gemm2": [C(M, 128, 64, 8, 3), C(M, 128, 64, 8, 4), C(M, 256, 64, 8, 3), C(M, 128, 64, 4, 4),
               C(M, 64, 64, 4, 4), C(M, 256, 32, 8, 4),
               C(M, 256, 64, 8, 3, **T_), C(M, 256, 64, 8, 4, **T_), C(M, 128, 64, 8, 4, **T_),
@@ -27,10 +30,13 @@ CANDIDATES = {
     # dgrad's BLOCK_N is per accumulator (two accumulators: a program covers 2*BLOCK_N columns). 16 warps
     # (four warpgroups) halve the registers each thread holds for 2 x [128, 128] accumulators plus the
     # dSwiGLU epilogue, where 8 warps spill; split: the GEMM stores q and an elementwise pass does the
-    # dSwiGLU, so GEMM1-sized tiles fit
+    # dSwiGLU, so GEMM1-sized tiles fit; split + tma: dout's rows copied into sorted order first, q from
+    # the grouped GEMM with both operands through TMA (block_n: its whole tile width)
     "dgrad_swiglu": [C(M, 64, 64, 8, 4), C(M, 64, 64, 8, 3), C(M, 128, 64, 16, 3), C(M, 128, 64, 16, 4),
                      C(M, 128, 32, 16, 4), C(M, 64, 64, 16, 4),
-                     C(M, 128, 64, 8, 3, **SPLIT), C(M, 128, 64, 8, 4, **SPLIT), C(M, 128, 32, 8, 4, **SPLIT)],
+                     C(M, 128, 64, 8, 3, **SPLIT), C(M, 128, 64, 8, 4, **SPLIT), C(M, 128, 32, 8, 4, **SPLIT),
+                     C(M, 256, 64, 8, 3, **SPLIT, **T_), C(M, 256, 64, 8, 4, **SPLIT, **T_),
+                     C(M, 128, 64, 8, 4, **SPLIT, **T_), C(M, 256, 32, 8, 4, **SPLIT, **T_)],
     # weight gradients: the gathered row index costs the pipeliner a stage, so 5 stages give 3 data
     # buffers; tma: the expert-sorted operand (s*h for w2, dg/du for w13) through TMA
     "wgrad_w2": [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 5), C(128, 128, 32, 8, 5), C(128, 256, 64, 8, 4),
