@@ -182,7 +182,7 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
 
 def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
     """A forced tile config must fit its kernel: row-tiled kernels take the plan's tiles whole or in equal
-    parts (block_m divides the plan's BLOCK_M), `split` exists only for GEMM1 and dgrad, warp specialisation only
+    parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
     for the TMA loops of gemm2 and dx."""
     from .kernels.configs import KERNELS, ROW_KERNELS
 
@@ -191,8 +191,8 @@ def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
     if kernel in ROW_KERNELS and (cfg.block_m < 16 or row_block_m % cfg.block_m):
         raise ValueError(f"{kernel}: block_m must divide the plan's {row_block_m}-row tiles (shared tile schedule) "
                          f"and be at least 16, got {cfg.block_m}")
-    if cfg.split and kernel not in ("gemm1_swiglu", "dgrad_swiglu"):
-        raise ValueError(f"{kernel}: split applies to gemm1_swiglu and dgrad_swiglu only")
+    if cfg.split and kernel != "dgrad_swiglu":
+        raise ValueError(f"{kernel}: split applies to dgrad_swiglu only")
     if cfg.warp_specialize and kernel not in ("gemm2", "dx"):
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) only")
 

@@ -33,8 +33,8 @@ class TileConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # contiguous operands (weights, sorted rows) through TMA descriptors
-    # gemm1_swiglu (bf16): x's rows copied into sorted order first, read through TMA; dgrad_swiglu: the GEMM
-    # stores q, a second elementwise kernel does the dSwiGLU (with tma: dout's rows copied first, likewise)
+    # dgrad_swiglu only: the GEMM stores q, a second elementwise kernel does the dSwiGLU (bf16 with tma:
+    # dout's rows copied into sorted order first, q from the grouped GEMM through TMA)
     split: bool = False
     warp_specialize: bool = False  # gemm2 / dx with tma only: Triton's automatic warp specialisation
 
@@ -74,12 +74,13 @@ _GPU_DEFAULTS = {
 # large experts (Mixtral-like, H >= LARGE_EXPERT_HIDDEN): the winners at D=4096, H=14336 (E=8, K=2,
 # T=8192) on the H200, `titan-megamoe tune` (docs/results/tune_4096x14336_20261204T1249.json). They differ
 # from the small-expert defaults most in dW2 (128x256 TMA tiles: 4.41 against 5.32 ms there), then GEMM1
-# (one more stage through TMA: 8.26 against 8.50 ms)
+# (one more stage through TMA: 8.26 against 8.50 ms) and dgrad (dout's rows copied into sorted order
+# first, q through TMA: 4.13 against 4.22 ms; docs/results/tune_gathered_first_20261204T1300.json)
 LARGE_EXPERT_HIDDEN = 4096
 _GPU_DEFAULTS_LARGE_EXPERT = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 4, tma=True),
     "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, warp_specialize=True),
-    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, 32, 8, 4, split=True),
+    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, split=True),  # dout gathered first
     "dx": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True),
     "wgrad_w2": TileConfig(128, 256, 32, 8, 5, tma=True),
     "wgrad_w13": TileConfig(128, 128, 32, 8, 6, tma=True),

@@ -9,10 +9,9 @@ sorted order for GEMM2 and the backward.
 With `TileConfig.tma` the weight tiles come through Hopper TMA descriptors over W viewed as [E*H, D]
 (the gathered rows cannot: TMA has no row gather on Hopper). A tile that runs past expert e's H rows
 reads expert e+1's rows into columns the store masks off; columns past D are zero-filled by TMA.
-With `TileConfig.split` (bf16) the gather is a pass of its own: x's rows are copied into sorted order
-first ([N, D], freed after the GEMM) and the main loop reads them through TMA too. It pays N*D*2 bytes
-written and read once more to take the per-row pointer loads off the main loop, which wins where the
-GEMM is long (large experts: Mixtral-like H=14336).
+(Copying x's rows into sorted order first, to read them through TMA as well, lost on the H200 at all
+three shapes tuned: 8.63 against 8.26 ms at Mixtral-like D=4096, H=14336; 1.81 against 1.61 ms at
+Qwen3-30B-A3B; 6.45 against 6.18 at 235B-A22B; docs/results/tune_gathered_first_20261204T1300.json. Removed.)
 
 Block FP8 (x, W1, W3 as `BlockScaled`): the main loop applies x's 1x128 and the weights' 128x128 scales
 per K block; g and u are still stored in bf16 (the backward's residuals), and h, GEMM2's operand, is
@@ -30,7 +29,7 @@ import torch
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, cast_rne, matrix_descriptor, new_output, sorted_source_rows, tma_ok
+from .common import INTERPRET, cast_rne, matrix_descriptor, new_output, tma_ok
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import store_row_halves_fp8, store_sorted, swiglu
 from .mainloop import row_mainloop
@@ -120,9 +119,6 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     D = x.shape[1]
     E, H, _ = w1.shape
     cfg = tile_config("gemm1_swiglu", D, H, precision)
-    if cfg.split and not fp8 and not sorted_rows and tma_ok(x):
-        x = sorted_source_rows(x, plan)
-        sorted_rows = True
     g, u = (new_output((N, H), out_dtype, x.device) for _ in range(2))
     h = new_output((N, H), torch.float8_e4m3fn if fp8 else out_dtype, x.device)
     h_scale = new_output((N, H // 128), torch.float32, x.device) if fp8 else None

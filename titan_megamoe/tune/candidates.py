@@ -17,12 +17,9 @@ SPLIT = dict(split=True)
 WS = dict(tma=True, warp_specialize=True)
 C = TileConfig
 CANDIDATES = {
-    # split: x's rows copied into sorted order first, so they come through TMA as well
     "gemm1_swiglu": [C(M, 64, 64, 4, 4), C(M, 64, 64, 8, 4), C(M, 128, 64, 8, 3), C(M, 128, 64, 8, 4),
                      C(M, 128, 32, 8, 4), C(M, 128, 64, 8, 5),
-                     C(M, 128, 64, 8, 3, **T_), C(M, 128, 64, 8, 4, **T_), C(M, 128, 32, 8, 4, **T_),
-                     C(M, 128, 64, 8, 3, **T_, **SPLIT), C(M, 128, 64, 8, 4, **T_, **SPLIT),
-                     C(M, 128, 32, 8, 4, **T_, **SPLIT)],
+                     C(M, 128, 64, 8, 3, **T_), C(M, 128, 64, 8, 4, **T_), C(M, 128, 32, 8, 4, **T_)],
     "gemm2": [C(M, 128, 64, 8, 3), C(M, 128, 64, 8, 4), C(M, 256, 64, 8, 3), C(M, 128, 64, 4, 4),
               C(M, 64, 64, 4, 4), C(M, 256, 32, 8, 4),
               C(M, 256, 64, 8, 3, **T_), C(M, 256, 64, 8, 4, **T_), C(M, 128, 64, 8, 4, **T_),
