@@ -2,7 +2,7 @@
 """Render docs/results/README.md from the result files beside it (no figure is typed by hand).
 
 Reads every `bench_layer_*.json` (scripts/bench_layer.py), `ab_*/ab.json` (titan-megamoe ab) and
-`tune_*.json` (scripts/tune_kernels.py --write) under docs/results and writes one Markdown index with a
+`tune_*.json` (scripts/tune_kernels.py --write, or table files of `titan-megamoe tune`) under docs/results and writes one Markdown index with a
 table per file, newest first.
 
     python scripts/results_tables.py [--dir docs/results]
@@ -112,8 +112,31 @@ def ab_section(path: Path) -> list[str]:
             f"- full table: [{path.parent.name}/ab.md]({path.parent.name}/ab.md)", ""]
 
 
+def tune_cli_section(path: Path, data: dict) -> list[str]:
+    """A table file of `titan-megamoe tune`: every candidate with its oracle check, per precision and shape."""
+    env = data.get("environment", {})
+    commit = env["commit"][:10] if env.get("commit") else "not recorded"
+    lines = [f"### {path.name}", "", f"`titan-megamoe tune`; {env.get('gpu')}, torch {env.get('torch')}, "
+             f"triton {env.get('triton')}, commit {commit}", ""]
+    groups: dict = {}
+    for r in data["runs"]:
+        groups.setdefault((r["precision"], tuple(r["shape"])), []).append(r)
+    for (precision, (D, H, E, K, T)), runs in groups.items():
+        lines += [f"{precision}, D={D} H={H} E={E} K={K} T={T}, {min(r['date'] for r in runs)}", "",
+                  "| kernel | config | ms | TFLOP/s | oracle check (error / same math's) |", "|---|---|---|---|---|"]
+        for r in sorted(runs, key=lambda r: (r["kernel"], r.get("ms", float("inf")))):
+            check = r.get("check", {})
+            ratio = f"{check['worst_error_vs_same_math']:.2f}x ({check['tensor']})" if check else ""
+            timing = (f"{r['ms']:.3f} | {r['tflops']:.0f}" if "ms" in r else f"failed: {r.get('failed', '?')[:90]} | ")
+            lines.append(f"| {r['kernel']} | `{json.dumps(r['config'])}` | {timing} | {ratio} |")
+        lines.append("")
+    return lines
+
+
 def tune_section(path: Path) -> list[str]:
     data = json.loads(path.read_text())
+    if "configs" in data:
+        return tune_cli_section(path, data)
     D, H, E, K, T = data["shape"]
     commit = data["commit"][:10] if data.get("commit") else "not recorded"
     lines = [f"### {path.name}", "", f"{data['gpu']}, torch {data['torch']}, triton {data['triton']}, "
@@ -138,7 +161,7 @@ def main():
     out += ["## Training A/B (`titan-megamoe ab`)", ""]
     for p in sorted(root.glob("ab_*/ab.json"), reverse=True):
         out += ab_section(p)
-    out += ["## Kernel tile tuning (`scripts/tune_kernels.py`)", ""]
+    out += ["## Kernel tile tuning (`scripts/tune_kernels.py`, `titan-megamoe tune`)", ""]
     for p in sorted(root.glob("tune_*.json"), reverse=True):
         out += tune_section(p)
     (root / "README.md").write_text("\n".join(out))
