@@ -106,6 +106,10 @@ VARIANTS = {
     "wgrad-tma": {"wgrad_w2": (128, 128, 32, 8, 5, True), "wgrad_w13": (128, 128, 32, 8, 5, True)},
     # dgrad's dout rows copied into sorted order first, q from the grouped GEMM through TMA
     "gathered-first": {"dgrad_swiglu": (128, 256, 64, 8, 3, True, True)},
+    # grouped row order (group_m 8 leaves a partial last group at these shapes)
+    "grouped": {"gemm1_swiglu": (128, 128, 64, 8, 4, True, False, False, 8),
+                "gemm2": (128, 256, 64, 8, 3, True, False, True, 8), "dx": (128, 256, 64, 8, 3, True, False, False, 8),
+                "dgrad_swiglu": (128, 128, 32, 8, 4, False, True, False, 8)},
 }
 
 

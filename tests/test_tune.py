@@ -103,3 +103,16 @@ def test_untuned_shapes_get_the_defaults_of_their_expert_size():
         # the shipped table's own entries win over either default
         assert configs._table_config(kernel, 4096, 14336, "bf16") == configs.TileConfig.from_record(
             configs._tuned_table()["bf16"]["4096x14336"][kernel])
+
+
+def test_resume_matches_records_written_before_a_field_was_added(tmp_path):
+    """A table from before `group_m` existed: its candidates count as done, not run again."""
+    out = tmp_path / "tiles.json"
+    search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device=DEVICE, say=lambda _: None)
+    table = json.loads(out.read_text())
+    for r in table["runs"]:
+        del r["config"]["group_m"]
+    out.write_text(json.dumps(table))
+    lines = []
+    again = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device=DEVICE, say=lines.append)
+    assert len(again["runs"]) == len(table["runs"]) and not any("gemm2 1/" in line for line in lines)

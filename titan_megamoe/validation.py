@@ -183,7 +183,7 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
 def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
     """A forced tile config must fit its kernel: row-tiled kernels take the plan's tiles whole or in equal
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
-    for the TMA loops of gemm2 and dx."""
+    for the TMA loops of gemm2 and dx, grouped row order (group_m) only for the row-tiled kernels."""
     from .kernels.configs import KERNELS, ROW_KERNELS
 
     if kernel not in KERNELS:
@@ -193,6 +193,9 @@ def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
                          f"and be at least 16, got {cfg.block_m}")
     if cfg.split and kernel != "dgrad_swiglu":
         raise ValueError(f"{kernel}: split applies to dgrad_swiglu only")
+    if not isinstance(cfg.group_m, int) or cfg.group_m < 1 or (cfg.group_m > 1 and kernel not in ROW_KERNELS):
+        raise ValueError(f"{kernel}: group_m must be an integer >= 1, and above 1 only for the row-tiled kernels "
+                         f"({', '.join(ROW_KERNELS)}), got {cfg.group_m!r}")
     if cfg.warp_specialize and kernel not in ("gemm2", "dx"):
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) only")
 

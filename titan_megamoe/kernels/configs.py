@@ -37,6 +37,7 @@ class TileConfig:
     # dout's rows copied into sorted order first, q from the grouped GEMM through TMA)
     split: bool = False
     warp_specialize: bool = False  # gemm2 / dx with tma only: Triton's automatic warp specialisation
+    group_m: int = 1  # row-tiled kernels: row programs walked down each N column together (schedule.row_tile)
 
     @classmethod
     def from_record(cls, raw: "list | dict") -> "TileConfig":

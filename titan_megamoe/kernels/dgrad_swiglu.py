@@ -57,14 +57,14 @@ def _dgrad_swiglu_kernel(
     dg_ptr, du_ptr, hs_ptr, ds_part_ptr,  # dg, du, s*h [N, H] sorted; ds_part [N, num_n] row order, fp32
     D, H, rows_per_token,
     stride_dt, stride_we, stride_wk, stride_wn,
-    BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     STORE_Q: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # each program covers 2*BLOCK_N columns of H with two accumulators sharing every gathered dout tile
     # (like GEMM1's gate/up pair): half the A-operand traffic per MMA of a single-accumulator tile
     num_n = tl.cdiv(H, 2 * BLOCK_N)
     expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                 BLOCK_M, SUB_TILES)
+                                                 BLOCK_M, SUB_TILES, GROUP_M)
     if expert < 0:
         return
     routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
@@ -183,7 +183,8 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
         _dgrad_swiglu_kernel[grid](
             dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
             dg, du, hs, ds_part, D, H, plan.rows_per_token, dout_RD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1), 1,
-            BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, STORE_Q=cfg.split,
+            BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            STORE_Q=cfg.split,
             INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if cfg.split and N > 0:

@@ -67,7 +67,7 @@ def _gemm1_swiglu_kernel(
     xs_ptr, w1s_ptr, w3s_ptr, hs_ptr,  # FP8 scales: x [rows, D/128], w [E, H/128, D/128]; h [N, H/128] out
     D, H, rows_per_token,
     stride_xt, stride_we, stride_wh,
-    BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     A_TMA: tl.constexpr, W_TMA: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # FP8: a program covers 2 x BLOCK_N = 128 columns (one scale block of h) in two passes over D, one
@@ -79,7 +79,7 @@ def _gemm1_swiglu_kernel(
         span = BLOCK_N
     num_n = tl.cdiv(H, span)
     expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                 BLOCK_M, SUB_TILES)
+                                                 BLOCK_M, SUB_TILES, GROUP_M)
     if expert < 0:
         return
     if A_TMA:  # x already in sorted order (FP8: quantize_sorted_rows), read as contiguous rows
@@ -140,7 +140,8 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     _gemm1_swiglu_kernel[grid](
         x_in, w1_t, w3_t, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, g, u, h, *scales,
         D, H, plan.rows_per_token, x.stride(0), w1.stride(0), w1.stride(1),
-        BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, A_TMA=a_tma,
+        BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        A_TMA=a_tma,
         W_TMA=use_tma, FP8=fp8,
         INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -41,12 +41,13 @@ def _grouped_gemm_kernel(
     KD, ND,
     stride_be, stride_bk, stride_bn,
     TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr, SORTED_OUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, FP8: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     num_n = tl.cdiv(ND, BLOCK_N)
     expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr,
-                                                 offsets_ptr, BLOCK_M, SUB_TILES)
+                                                 offsets_ptr, BLOCK_M, SUB_TILES, GROUP_M)
     if expert < 0:
         return
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -116,7 +117,8 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *(scales or [out] * 4), kd, nd,
         *b_strides,
         TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize, SORTED_OUT=sorted_out,
-        BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP8=fp8,
+        BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        FP8=fp8,
         INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -11,19 +11,31 @@ import triton
 
 @triton.jit
 def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl.constexpr,
-             SUB_TILES: tl.constexpr = 1):
+             SUB_TILES: tl.constexpr = 1, GROUP_M: tl.constexpr = 1):
     """The work of program `pid` in a row-tiled kernel: (expert, N-tile, first sorted row, sorted rows,
     row mask).
 
     A program covers BLOCK_M rows: a whole plan tile (SUB_TILES = 1) or one of its SUB_TILES equal
     parts (plan block_m = SUB_TILES * BLOCK_M). Smaller programs let several share a multiprocessor,
     which is how block FP8 hides each K block's scaling (a program's MMA waits for it) behind another
-    program's MMAs. N-tiles vary fastest, so consecutive programs reuse the same rows from L2.
+    program's MMAs. GROUP_M = 1: N-tiles vary fastest, so consecutive programs reuse the same rows from
+    L2, and every row tile streams its expert's whole weight. That weight outgrows L2 at large experts
+    (W1 and W3 of a Mixtral-like expert: 235 MB against the H200's 50 MB), so GROUP_M > 1 walks groups of
+    GROUP_M row programs down each N column before moving right: a weight tile is read once per group,
+    the group's rows stay in L2. Programs compute the same tiles in either order (bitwise the same).
     expert < 0 marks nothing to do: a tile past the real count (the grid is sized at the host-known
     bound) or a part past its expert's last row; the caller returns at once.
     """
-    pid_m = pid // num_n
-    pid_n = pid % num_n
+    if GROUP_M == 1:
+        pid_m = pid // num_n
+        pid_n = pid % num_n
+    else:
+        num_m = tl.num_programs(0) // num_n
+        width = GROUP_M * num_n
+        first_m = (pid // width) * GROUP_M
+        group_size = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % width) % group_size
+        pid_n = (pid % width) // group_size
     tile = pid_m // SUB_TILES
     expert = tl.load(tile_expert_ptr + tile)
     row_start = tl.load(tile_row_ptr + tile) + (pid_m % SUB_TILES) * BLOCK_M

@@ -45,6 +45,15 @@ CANDIDATES = {
 CANDIDATES["dx"] = CANDIDATES["gemm2"][:6] + [C(M, 256, 32, 8, 4, **T_), C(M, 256, 64, 8, 3, **T_),
                                               C(M, 128, 64, 8, 4, **T_), C(M, 256, 64, 8, 3, **WS),
                                               C(M, 256, 32, 8, 4, **WS)]
+# grouped row order (`group_m`, schedule.row_tile): the row kernels' usual winners with their row programs
+# walked down each N column in groups, so a weight tile is read once per group (large experts' weights
+# outgrow L2)
+_GROUPED = {"gemm1_swiglu": [C(M, 128, 64, 8, 4, **T_), C(M, 128, 64, 8, 3)],
+            "gemm2": [C(M, 256, 64, 8, 3, **WS), C(M, 256, 64, 8, 3, **T_)],
+            "dgrad_swiglu": [C(M, 128, 32, 8, 4, **SPLIT), C(M, 256, 64, 8, 3, **SPLIT, **T_)],
+            "dx": [C(M, 256, 64, 8, 3, **T_), C(M, 256, 32, 8, 4, **T_)]}
+for _kernel, _configs in _GROUPED.items():
+    CANDIDATES[_kernel] = CANDIDATES[_kernel] + [replace(c, group_m=g) for c in _configs for g in (4, 8, 16)]
 CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"]
 
 # block FP8: BLOCK_K is one 128-wide scale block. The block-scaled main loop waits for each K block's MMA

@@ -77,8 +77,9 @@ def tune(shape: tuple[int, int, int, int, int], precision: str, kernels: list[st
         raise ValueError(f"unknown kernels {unknown}; valid: {', '.join(KERNELS)}")
     table = load(out)
     key = f"{D}x{H}"
-    done = {(r["precision"], tuple(r["shape"]), r["kernel"], json.dumps(r["config"], sort_keys=True))
-            for r in table["runs"]}
+    # records of older runs lack fields added to TileConfig since (their defaults): normalise before matching
+    done = {(r["precision"], tuple(r["shape"]), r["kernel"],
+             json.dumps(TileConfig.from_record(r["config"]).to_record(), sort_keys=True)) for r in table["runs"]}
     table["environment"] = _environment(device)
     start = time.monotonic()
     say(f"[tune] {precision} D={D} H={H} E={E} K={K} T={T}: building the problem and the oracle check")
@@ -130,8 +131,9 @@ def tune(shape: tuple[int, int, int, int, int], precision: str, kernels: list[st
 
 def _short(cfg: TileConfig) -> str:
     flags = [f for f in ("tma", "split", "warp_specialize") if getattr(cfg, f)]
+    group = f" group_m {cfg.group_m}" if cfg.group_m > 1 else ""
     return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}" + (
-        f" {'+'.join(flags)}" if flags else "")
+        f" {'+'.join(flags)}" if flags else "") + group
 
 
 def _pick_winner(table: dict, precision: str, shape, kernel: str) -> None:
