@@ -76,13 +76,15 @@ _GPU_DEFAULTS = {
 # T=8192) on the H200, `titan-megamoe tune` (docs/results/tune_4096x14336_20261204T1249.json). They differ
 # from the small-expert defaults most in dW2 (128x256 TMA tiles: 4.41 against 5.32 ms there), then GEMM1
 # (one more stage through TMA: 8.26 against 8.50 ms) and dgrad (dout's rows copied into sorted order
-# first, q through TMA: 4.13 against 4.22 ms; docs/results/tune_gathered_first_20261204T1300.json)
+# first, q through TMA: 4.13 against 4.22 ms; docs/results/tune_gathered_first_20261204T1300.json). The
+# row kernels walk their programs in groups down each N column (group_m): an expert's W1 and W3 (235 MB)
+# outgrow L2, and GEMM1 went from 8.26 to 6.53 ms with groups of 16 (tune_grouped_20261204T1318.json)
 LARGE_EXPERT_HIDDEN = 4096
 _GPU_DEFAULTS_LARGE_EXPERT = {
-    "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 4, tma=True),
-    "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, warp_specialize=True),
-    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, split=True),  # dout gathered first
-    "dx": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True),
+    "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 4, tma=True, group_m=16),
+    "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, group_m=8),
+    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, split=True, group_m=16),  # dout gathered first
+    "dx": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, group_m=16),
     "wgrad_w2": TileConfig(128, 256, 32, 8, 5, tma=True),
     "wgrad_w13": TileConfig(128, 128, 32, 8, 6, tma=True),
 }
