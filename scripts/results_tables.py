@@ -2,8 +2,8 @@
 """Render docs/results/README.md from the result files beside it (no figure is typed by hand).
 
 Reads every `bench_layer_*.json` (scripts/bench_layer.py), `ab_*/ab.json` (titan-megamoe ab) and
-`tune_*.json` (scripts/tune_kernels.py --write, or table files of `titan-megamoe tune`) under docs/results and writes one Markdown index with a
-table per file, newest first.
+`tune_*.json` (scripts/tune_kernels.py --write, or table files of `titan-megamoe tune`) under docs/results
+and writes one Markdown index with a table per file, newest first.
 
     python scripts/results_tables.py [--dir docs/results]
 """

@@ -67,7 +67,8 @@ def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 1
            **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv", **_types("xs_ptr w1s_ptr w3s_ptr hs_ptr", "*fp32"),
            **_types("D H rows_per_token stride_xt stride_we stride_wh", "i32")}
     return _row_kernel(_gemm1_swiglu_kernel, sig, dict(BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=1,
-                                                       BLOCK_N=block_n, BLOCK_K=128, A_TMA=a_tma, W_TMA=w_tma, FP8=True), num_warps)
+                                                       BLOCK_N=block_n, BLOCK_K=128, A_TMA=a_tma, W_TMA=w_tma,
+                                                       FP8=True), num_warps)
 
 
 def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: int = 8, sorted_out: bool = False):
@@ -79,8 +80,8 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
            **_types("KD ND stride_be stride_bk stride_bn", "i32")}
     return _row_kernel(_grouped_gemm_kernel, sig, dict(TWO_PAIRS=two_pairs, TMA=True, B_TRANS=True, WS=False,
                                                        SORTED_OUT=sorted_out, BLOCK_M=block_m,
-                                                       SUB_TILES=128 // block_m, GROUP_M=1, BLOCK_N=block_n, BLOCK_K=128,
-                                                       FP8=True), num_warps)
+                                                       SUB_TILES=128 // block_m, GROUP_M=1, BLOCK_N=block_n,
+                                                       BLOCK_K=128, FP8=True), num_warps)
 
 
 def dswiglu_fp8(num_warps: int):

@@ -60,8 +60,9 @@ KERNELS = ROW_KERNELS + WGRAD_KERNELS
 # the routing plan's tile rows: one tile schedule serves every row-tiled kernel, whose programs take a
 # tile whole or in equal parts (TileConfig.block_m divides it)
 ROW_BLOCK_M = 128
-# defaults for shapes the table lacks, by expert size. Small experts: the winners at Qwen3-30B-A3B's shape on the H200 (split dgrad and
-# TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where a tensor does not allow it).
+# defaults for shapes the table lacks, by expert size. Small experts: the winners at Qwen3-30B-A3B's shape
+# on the H200 (split dgrad and TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where
+# a tensor does not allow it).
 # wgrad: read off sm_90 compiles (wgmma, no spills; the gathered row index costs the pipeliner a stage,
 # so 5 stages give 3 data buffers)
 _GPU_DEFAULTS = {
