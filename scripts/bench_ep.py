@@ -13,7 +13,8 @@ Arms, per case (D H E K, tokens per rank T, routing), built on every rank from t
   mega   a deep copy of the same layer swapped by `converter.swap_moe_layers(layer, "bf16", --backend)`,
          TorchTitan's router module kept (`fused_router=False`, bench_layer's `with_stock_router`: the
          expert path alone is compared), then `MegaAwareExpertParallel()` applied the same way: our
-         transport (`titan_megamoe.pipeline.ep_dispatch`, all-to-all) around the fused kernels.
+         transport (`titan_megamoe.pipeline.ep_dispatch`: all-to-all, or with --transport symm_mem the
+         peers' symmetric-memory buffers, `pipeline.symm_transport`) around the fused kernels.
 Each rank draws its own T x D tokens and output gradient (seed 1 + rank). Before any timing the mega
 output, input gradient and every parameter gradient (this rank's shard for the experts) are compared
 with stock's (relative L2, bench_layer's check_against_stock and its 5e-2 gate); a wrong result stops
@@ -30,18 +31,19 @@ moe_flops(T, K, D, H) / that time (fwd 6*T*K*D*H, fwd+bwd 18*T*K*D*H, T = tokens
 Traffic, counted from this rank's routing (`ep_dispatch.route` on the stock router's ids, so exactly the
 rows both arms move): a row to or from another rank is one transfer of its bytes; rows a rank sends to
 itself are a local copy inside the all-to-all and are not counted. Per rank and direction (sent, received):
-  mega   forward: split sizes (1 int64 per peer), x rows (D bf16), ids (int64), scores (fp32), y rows
+  mega   forward: the counts (EP int64, all-gathered: to and from every peer), x rows (D bf16), ids (int64), scores (fp32), y rows
          back (D bf16); backward: dout rows (D bf16), dx rows back (D bf16), d scores back (fp32)
   stock  forward: tokens per local expert (E/EP int64 per peer), x rows, y rows back; backward: the
          y-row gradients (D bf16), the x-row gradients back (D bf16); scores and ids never travel
 Transport bandwidth: a separate microbenchmark times the mega transport's own calls alone (same routing,
-same rows): `route` (sort, counts all-to-all, the host sync), the x-row dispatch, the ids+scores dispatch
+same rows): `route` (sort, counts all-gather, the host sync), the x-row dispatch, the ids+scores dispatch
 and the y-row combine (`ep_dispatch.exchange`). GB/s per rank = off-rank bytes sent (egress) / time, and
 received (ingress) / time; aggregated = mean off-rank bytes per rank / max time over ranks. The backward's
 dout and dx exchanges are the same sizes as x and y.
 
-Only `--transport all_to_all` exists; `symm_mem` (symmetric-memory transport, docs/ep.md) stops with
-"not implemented yet". NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are set here before the
+`--transport symm_mem` runs the same arms and calls with the rows copied into the peers' torch
+symmetric-memory buffers between device barriers (on CPU: shared-memory files and gloo barriers, a test
+stand-in). NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are set here before the
 process group starts when they are unset (NVLink multicast off: on shared hosts a program that uses it
 can take the GPUs out of service); any other value stops the run. With --device cpu the ranks use gloo,
 the timings are host wall clock and mean nothing (the table says so), and backend "triton" runs the
@@ -92,9 +94,9 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     if a.rounds < 1 or a.iters < 1:
         ap.error(f"--rounds and --iters must be at least 1, got {a.rounds} and {a.iters}")
-    if a.transport == "symm_mem":
-        ap.error("--transport symm_mem: the symmetric-memory transport is not implemented yet (docs/ep.md, "
-                 "'Planned: symmetric-memory transport'); use --transport all_to_all")
+    if a.transport == "symm_mem" and a.backend == "reference":
+        ap.error("--transport symm_mem runs the Triton backend (the reference backend moves rows by all-to-all); "
+                 "use --backend triton")
     a.D, a.H, a.E, a.K = a.shape or PRESETS[a.preset]
     a.shape_name = "x".join(map(str, a.shape)) if a.shape else a.preset
     return a
@@ -151,6 +153,7 @@ def build_ep_arms(a, T, routing, mesh):
     del fused
     parallelize_module(stock.experts, mesh, ExpertParallel())
     parallelize_module(mega.experts, mesh, MegaAwareExpertParallel())
+    mega.experts.ep_transport = a.transport
     return stock, mega
 
 
@@ -195,7 +198,7 @@ def traffic_bytes(r, rank, ep, D, E_local):
     dispatch = lambda per_row: (out_rows, in_rows, per_row)  # noqa: E731
     back = lambda per_row: (in_rows, out_rows, per_row)  # noqa: E731
     transfers = {
-        "mega_fwd": {"split_sizes": (ep - 1, ep - 1, INT64_BYTES), "x": dispatch(row),
+        "mega_fwd": {"split_sizes": (ep - 1, ep - 1, ep * INT64_BYTES), "x": dispatch(row),
                      "ids": dispatch(INT64_BYTES), "scores": dispatch(FP32_BYTES), "y": back(row)},
         "mega_bwd": {"dout": dispatch(row), "dx": back(row), "dscores": back(FP32_BYTES)},
         "stock_fwd": {"tokens_per_expert": (ep - 1, ep - 1, E_local * INT64_BYTES), "x": dispatch(row),
@@ -215,7 +218,7 @@ def traffic_bytes(r, rank, ep, D, E_local):
             **totals}
 
 
-def transport_calls(ids_TK, x_TD, r, E_local, group):
+def transport_calls(ids_TK, x_TD, r, E_local, group, transport):
     """The mega transport's calls on this case's routing, each alone, with their rows prepared outside."""
     from titan_megamoe.pipeline import ep_dispatch
 
@@ -225,7 +228,7 @@ def transport_calls(ids_TK, x_TD, r, E_local, group):
     scores_send_N = torch.rand(ids_send_N.shape, device=x_TD.device)
     y_recv_RD = torch.randn(r.num_received, x_TD.shape[1], device=x_TD.device, dtype=x_TD.dtype)
     return {
-        "route": lambda: ep_dispatch.route(ids_TK, E_local, group),
+        "route": lambda: ep_dispatch.route(ids_TK, E_local, group, transport),
         "dispatch_x": lambda: ep_dispatch.exchange(x_send_ND, r),
         "dispatch_ids_scores": lambda: (ep_dispatch.exchange(ids_send_N, r), ep_dispatch.exchange(scores_send_N, r)),
         "combine_y": lambda: ep_dispatch.exchange(y_recv_RD, r, back=True),
@@ -280,9 +283,9 @@ def bench_rank(a, T, routing, mesh, case_name):
     x_TD = x.view(-1, a.D)
     with torch.no_grad():
         ids_TK = stock.router(x_TD, stock.expert_bias)[1]  # the rows both arms move
-    r = ep_dispatch.route(ids_TK, E_local, group)
+    r = ep_dispatch.route(ids_TK, E_local, group, a.transport)
     traffic = traffic_bytes(r, rank, ep, a.D, E_local)
-    timed = measurements(a, stock, mega, x, dout, transport_calls(ids_TK, x_TD, r, E_local, group))
+    timed = measurements(a, stock, mega, x, dout, transport_calls(ids_TK, x_TD, r, E_local, group, a.transport))
     samples = bench_layer.interleaved(timed, a.warmup, a.iters, a.rounds)
     return {"rank": rank, "rel_l2_vs_stock": rel, "send_splits": r.send_splits, "recv_splits": r.recv_splits,
             "traffic_bytes": traffic,

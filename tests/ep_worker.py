@@ -33,6 +33,7 @@ def main():
     ap.add_argument("--backend", choices=["reference", "triton"])
     ap.add_argument("--shape", nargs=5, type=int, metavar=("T", "D", "H", "E", "K"))
     ap.add_argument("--routing", default="random")
+    ap.add_argument("--transport", default="all_to_all", choices=["all_to_all", "symm_mem"])
     a = ap.parse_args()
     rank, ep = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available() and a.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1"
@@ -60,7 +61,8 @@ def main():
     mine.x, mine.ids, mine.scores = case.x[tok], case.ids[tok], case.scores[tok]
     mine.w1, mine.w2, mine.w3 = case.w1[exp], case.w2[exp], case.w3[exp]
     group = dist.group.WORLD
-    got = forward_backward(lambda *t: titan_megamoe.moe(*t, backend=a.backend, ep_group=group), mine, dout[tok])
+    got = forward_backward(lambda *t: titan_megamoe.moe(*t, backend=a.backend, ep_group=group,
+                                                        ep_transport=a.transport), mine, dout[tok])
 
     want = {"out": whole["out"][tok], "dx": whole["dx"][tok], "dscores": whole["dscores"][tok],
             "dw1": whole["dw1"][exp], "dw2": whole["dw2"][exp], "dw3": whole["dw3"][exp]}

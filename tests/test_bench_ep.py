@@ -2,7 +2,9 @@
 
 What is checked is the benchmark's logic, not speed: it runs to the end (correctness gate passed on every
 rank), writes both arms' timings, and its byte counts agree with the routing it recorded (every row one
-rank sends is a row another receives). `--transport symm_mem` stops with a clear message.
+rank sends is a row another receives). The run uses `--transport symm_mem` (on CPU its shared-memory
+stand-in; the all-to-all transport is the default and tests/test_ep.py runs both); `--backend reference`
+with it stops with a clear message.
 """
 
 import json
@@ -30,7 +32,7 @@ def cpu_run(tmp_path_factory):
     if torch.cuda.is_available():
         pytest.skip("on a GPU host the benchmark runs on the GPUs (torchrun scripts/bench_ep.py)")
     out = tmp_path_factory.mktemp("bench_ep")
-    p = run_two_ranks(*TINY, "--routing", "skewed", "--out", str(out))
+    p = run_two_ranks(*TINY, "--routing", "skewed", "--transport", "symm_mem", "--out", str(out))
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     (path,) = out.glob("bench_ep_*.json")
     return p.stdout, json.loads(path.read_text())
@@ -39,7 +41,7 @@ def cpu_run(tmp_path_factory):
 def test_both_arms_timed_and_the_table_says_cpu_timings_mean_nothing(cpu_run):
     stdout, data = cpu_run
     env, (r,) = data["environment"], data["results"]
-    assert env["world_size"] == 2 and env["transport"] == "all_to_all" and env["commit"]
+    assert env["world_size"] == 2 and env["transport"] == "symm_mem" and env["commit"]
     assert env["multicast_env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     assert (r["D"], r["H"], r["E"], r["K"], r["tokens_per_rank"], r["routing"]) == (32, 32, 4, 2, 16, "skewed")
     for arm in ("stock", "mega"):
@@ -76,8 +78,8 @@ def test_bytes_agree_with_the_recorded_routing(cpu_run):
         assert sum(call["bytes_sent_per_rank"]) == sum(call["bytes_received_per_rank"]) > 0
 
 
-def test_symm_mem_transport_is_a_clear_not_implemented_error(tmp_path):
-    p = run_two_ranks(*TINY, "--transport", "symm_mem", "--out", str(tmp_path))
+def test_symm_mem_transport_with_the_reference_backend_is_a_clear_error(tmp_path):
+    p = run_two_ranks(*TINY, "--transport", "symm_mem", "--backend", "reference", "--out", str(tmp_path))
     assert p.returncode != 0
-    assert "--transport symm_mem: the symmetric-memory transport is not implemented yet" in p.stdout + p.stderr
+    assert "--transport symm_mem runs the Triton backend" in p.stdout + p.stderr
     assert not list(tmp_path.glob("bench_ep_*.json"))

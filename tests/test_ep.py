@@ -1,4 +1,4 @@
-"""Expert parallelism with the all-to-all transport: EP ranks against the single-process op on all tokens.
+"""Expert parallelism, both transports: EP ranks against the single-process op on all tokens.
 
 Each case starts one process per rank (tests/ep_worker.py does the work and the comparison): with a GPU per
 rank, NCCL and the compiled kernels; otherwise gloo on CPU with the kernels in Triton's interpreter (also
@@ -61,3 +61,28 @@ def test_expert_parallel_matches_single_process(backend, ep, shape, routing):
     outs = _run_ranks(ep, "--backend", backend, "--shape", *map(str, shape), "--routing", routing)
     if routing == "rank0_only":
         assert "0 rows received" in outs[1]
+
+
+@pytest.mark.parametrize("ep,shape,routing", [
+    (2, (24, 32, 48, 6, 3), "mostly_last"),  # one rank receives most rows
+    (4, (29, 32, 32, 8, 2), "random"),
+    (2, (16, 32, 32, 4, 2), "rank0_only"),  # a rank that receives nothing still joins every barrier
+])
+def test_symmetric_memory_transport_matches_single_process(ep, shape, routing):
+    """The symmetric-memory transport: bitwise the single-process op, like the all-to-all (on CPU its
+    shared-memory stand-in with gloo barriers; with a GPU per rank, torch symmetric memory)."""
+    outs = _run_ranks(ep, "--backend", "triton", "--shape", *map(str, shape), "--routing", routing,
+                      "--transport", "symm_mem")
+    if routing == "rank0_only":
+        assert "0 rows received" in outs[1]
+
+
+def test_ep_transport_errors_name_the_choices():
+    import titan_megamoe
+    from moe_cases import make_case
+
+    case = make_case(4, 32, 32, 4, 2)
+    with pytest.raises(ValueError, match="ep_transport must be one of all_to_all, symm_mem, got 'nccl'"):
+        titan_megamoe.moe(*case.inputs(), backend="reference", ep_transport="nccl")
+    with pytest.raises(ValueError, match="ep_transport='symm_mem' runs the Triton backend.*'all_to_all'"):
+        titan_megamoe.moe(*case.inputs(), backend="reference", ep_group=object(), ep_transport="symm_mem")

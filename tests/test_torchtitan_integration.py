@@ -334,7 +334,8 @@ def test_save_under_sac_edits_qwen3_save_list():
 @pytest.mark.parametrize("overrides, parallel_dims, words", [
     (["--mega_moe.precision", "mxfp8"], None, ["mxfp8", "Blackwell", "bf16"]),
     ([], dims(tp=2), ["tensor parallelism", "tensor_parallel_degree=1"]),
-    (["--mega_moe.ep_transport", "symm_mem"], dims(ep=2), ["symm_mem", "not implemented yet", "all_to_all"]),
+    (["--mega_moe.ep_transport", "symm_mem", "--mega_moe.backend", "reference"], dims(ep=2),
+     ["symm_mem", "Triton backend", "all_to_all"]),
     (["--mega_moe.precision", "fp8", "--mega_moe.backend", "reference"], dims(ep=2),
      ["'fp8'", "expert parallelism", "--mega_moe.precision bf16"]),
     (["--model.converters", "quantize.grouped_mm.float8"], None, ["quantize.grouped_mm.float8", "--mega_moe.precision"]),

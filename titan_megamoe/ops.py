@@ -32,8 +32,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .oracle import moe_fp8_emulation, moe_reference
 from .precision import Recipe, check_backend_precision, recipe_for
-from .validation import (check_backend, check_block_shapes, check_expert_ids, check_expert_parallel,
-                         validate_moe_inputs)
+from .validation import (check_backend, check_block_shapes, check_ep_transport, check_expert_ids,
+                         check_expert_parallel, validate_moe_inputs)
 
 _LIB = "titan_megamoe"
 
@@ -195,6 +195,7 @@ def moe(
     precision: str = "bf16",
     backend: str = "auto",
     ep_group=None,
+    ep_transport: str = "all_to_all",
 ) -> torch.Tensor:
     """Routed SwiGLU experts with score-weighted combine: out_t = sum_k s_tk * FFN_{e_tk}(x_t).
 
@@ -211,18 +212,25 @@ def moe(
         ep_group: a torch.distributed process group for expert parallelism (None: all experts are local).
             Its rank r holds the weights of global experts [r*E_local, (r+1)*E_local) (E_local = the
             weights' first dim, TorchTitan's EP layout); ids are global in [0, E_local * group size). Rows
-            travel by all-to-all (`pipeline.ep_dispatch`); eager autograd only, bf16 only.
+            travel by `ep_transport` (`pipeline.ep_dispatch`); eager autograd only, bf16 only.
+        ep_transport: with ep_group, "all_to_all" (torch.distributed all-to-all) or "symm_mem" (rows
+            written into the peers' torch symmetric-memory buffers, `pipeline.symm_transport`; Triton
+            backend). Both give the same result.
 
     Differentiable in x, the three weights and the scores. Returns [T, D] in x's dtype.
     """
     validate_moe_inputs(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD)
+    check_ep_transport(ep_transport)
     recipe = recipe_for(precision, x_TD.device)
     resolved = resolve_backend(backend, x_TD.device)
     check_backend_precision(recipe, resolved)
     check_block_shapes(x_TD.shape[1], w1_EFD.shape[1], recipe)
+    if ep_group is not None and resolved == "reference" and ep_transport != "all_to_all":
+        raise ValueError(f"titan_megamoe.moe: ep_transport={ep_transport!r} runs the Triton backend; the reference "
+                         f"backend (the oracle) moves rows by all-to-all: use ep_transport='all_to_all'")
     if ep_group is not None and torch.distributed.get_world_size(ep_group) > 1:
         return _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, resolved,
-                                    ep_group)
+                                    ep_group, ep_transport)
     if resolved == "reference":
         check_expert_ids(topk_ids_TK, w1_EFD.shape[0])
         if recipe.quantized() or recipe.quantized(backward=True):
@@ -236,7 +244,8 @@ def moe(
     return _FusedMoEEager.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe)
 
 
-def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, backend, group):
+def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, backend, group,
+                         transport):
     from .pipeline.ep_dispatch import FusedMoEExpertParallel, moe_reference_ep
 
     check_expert_parallel(recipe, group)
@@ -244,4 +253,5 @@ def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_E
     if backend == "reference":
         return moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe.forward_operand,
                                 group)
-    return FusedMoEExpertParallel.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, group)
+    return FusedMoEExpertParallel.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, group,
+                                        transport)

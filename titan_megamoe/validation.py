@@ -200,6 +200,15 @@ def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) only")
 
 
+EP_TRANSPORTS = ("all_to_all", "symm_mem")
+
+
+def check_ep_transport(transport) -> None:
+    if transport not in EP_TRANSPORTS:
+        raise ValueError(f"titan_megamoe.moe: ep_transport must be one of {', '.join(EP_TRANSPORTS)}, got "
+                         f"{transport!r}")
+
+
 def check_expert_parallel(recipe, group) -> None:
     """What the expert-parallel path runs today: bf16, eager autograd (the all-to-all split sizes are read on
     the host, which a torch.compile graph cannot hold)."""

@@ -1,16 +1,18 @@
-"""Expert parallelism, baseline transport: dispatch and combine through torch.distributed all-to-all.
+"""Expert parallelism: dispatch and combine through torch.distributed all-to-all (the baseline transport)
+or torch symmetric memory (`symm_transport`, `transport="symm_mem"`).
 
 Each rank of the EP group owns E_local experts: rank r holds global experts [r*E_local, (r+1)*E_local)
 (TorchTitan's `ExpertParallel` layout, Shard(0) of the expert weights). For one call on one rank:
 
   route     routed rows n = t*K + k go to rank ids[n] // E_local; the rows are put in send order (by
-            destination rank, then n: a stable sort) and the per-rank counts exchanged (one host sync
-            for the split sizes, as stock TorchTitan's EP has)
-  dispatch  all-to-all of the x rows, their expert ids and scores; the received rows are a contiguous
+            destination rank, then n: a stable sort) and the per-rank counts all-gathered into the
+            counts matrix every rank holds (one host sync for the split sizes, as stock TorchTitan's EP
+            has; the symmetric-memory transport takes its write offsets from the matrix)
+  dispatch  x rows, their expert ids and scores to the experts' owners; the received rows are a contiguous
             buffer, and the plan over them (`RowSource.CONTIGUOUS`, one row each, local expert ids via
             `first_expert`) is all the expert FFN stage needs
   FFN       `expert_ffn.ffn_forward` on the received rows, unchanged
-  combine   all-to-all of the y rows back to the ranks of their tokens, put back in routed-row order,
+  combine   the y rows back to the ranks of their tokens, put back in routed-row order,
             and the deterministic score-weighted sum there (`kernels.combine`)
 Backward mirrors it: the dout rows travel like x, dgrad/dx run on the received rows, dx rows and ds go
 back, the dx combine sums on the token's rank, and the weight gradients of the local experts are local.
@@ -35,6 +37,7 @@ from ..plan import RoutingPlan
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
 from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward
+from .symm_transport import exchange_symmetric
 
 
 @dataclass(frozen=True)
@@ -45,23 +48,35 @@ class Route:
     num_local_experts: int
     first_expert: int  # global id of this rank's local expert 0
     send_order_N: torch.Tensor  # routed rows n = t*K + k in send order (grouped by destination rank)
-    send_splits: list[int]  # rows this rank sends to each rank
-    recv_splits: list[int]  # rows this rank receives from each rank
+    counts: list[list[int]]  # counts[s][q]: rows rank s sends to rank q (every rank holds all of it)
+    transport: str = "all_to_all"  # or "symm_mem"
+
+    @property
+    def send_splits(self) -> list[int]:
+        """Rows this rank sends to each rank."""
+        return self.counts[dist.get_rank(self.group)]
+
+    @property
+    def recv_splits(self) -> list[int]:
+        """Rows this rank receives from each rank."""
+        me = dist.get_rank(self.group)
+        return [row[me] for row in self.counts]
 
     @property
     def num_received(self) -> int:
         return sum(self.recv_splits)
 
 
-def route(topk_ids_TK: torch.Tensor, num_local_experts: int, group: dist.ProcessGroup) -> Route:
+def route(topk_ids_TK: torch.Tensor, num_local_experts: int, group: dist.ProcessGroup,
+          transport: str = "all_to_all") -> Route:
     ep, rank = dist.get_world_size(group), dist.get_rank(group)
     dest_N = topk_ids_TK.reshape(-1) // num_local_experts
     send_order_N = torch.sort(dest_N, stable=True).indices
     send_counts = torch.bincount(dest_N, minlength=ep)[:ep]
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=group)
-    splits = torch.stack([send_counts, recv_counts]).tolist()  # the one host sync: buffer sizes
-    return Route(group, num_local_experts, rank * num_local_experts, send_order_N, splits[0], splits[1])
+    gathered = [torch.empty_like(send_counts) for _ in range(ep)]
+    dist.all_gather(gathered, send_counts, group=group)
+    counts = torch.stack(gathered).tolist()  # the one host sync: buffer sizes and offsets
+    return Route(group, num_local_experts, rank * num_local_experts, send_order_N, counts, transport)
 
 
 def splits(r: Route, back: bool = False) -> tuple[list[int], list[int]]:
@@ -70,7 +85,10 @@ def splits(r: Route, back: bool = False) -> tuple[list[int], list[int]]:
 
 
 def exchange(rows: torch.Tensor, r: Route, back: bool = False) -> torch.Tensor:
-    """All-to-all of rows in send order (to their owners), or, `back`, of received rows (to their sources)."""
+    """Rows in send order to their owners, or, `back`, received rows to their sources, by the route's
+    transport (both deliver the same rows in the same order)."""
+    if r.transport == "symm_mem":
+        return exchange_symmetric(rows, r.counts, r.group, back)
     send, recv = splits(r, back)
     out = rows.new_empty((sum(recv), *rows.shape[1:]))
     dist.all_to_all_single(out, rows.contiguous(), recv, send, group=r.group)
@@ -89,15 +107,16 @@ def received_plan(recv_ids_R: torch.Tensor, r: Route) -> RoutingPlan:
 
 
 class FusedMoEExpertParallel(torch.autograd.Function):
-    """The Triton pipeline under EP (all-to-all transport). Differentiable in x, the scores and the local
+    """The Triton pipeline under EP (either transport). Differentiable in x, the scores and the local
     expert weights; eager only (the split sizes are read on the host)."""
 
     @staticmethod
-    def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, group):
+    def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, group,
+                transport: str = "all_to_all"):
         E_local, H, D = w1_EHD.shape
         check_kernel_shapes(D, H)
         K = topk_ids_TK.shape[1]
-        r = route(topk_ids_TK, E_local, group)
+        r = route(topk_ids_TK, E_local, group, transport)
         send = r.send_order_N
         recv_x = exchange(x_TD[send // K], r)
         recv_ids = exchange(topk_ids_TK.reshape(-1)[send], r)
@@ -124,7 +143,7 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         dx = combine(dx_ND, None, K, ctx.x_dtype)
         dw1, dw2, dw3 = ffn_backward_weights(recv_x, plan, w1, w2, saved, ctx.recipe)
         ds = ds_N.view(-1, K).to(ctx.scores_dtype)
-        return dx, None, ds, dw1, dw2, dw3, None, None
+        return dx, None, ds, dw1, dw2, dw3, None, None, None
 
 
 def moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, compute_dtype, group):

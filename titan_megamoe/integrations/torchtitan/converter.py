@@ -58,7 +58,9 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
                   f"mega_moe yet (TorchTitan's expert TP style expects stock GroupedExperts' inputs); use "
                   f"tensor_parallel_degree=1 or mega_moe.enable=false")
         if parallel_dims.ep > 1:
-            resolve_ep_transport(cfg.ep_transport)
+            if resolve_ep_transport(cfg.ep_transport) == "symm_mem" and backend == "reference":
+                _fail("ep_transport='symm_mem' runs the Triton backend; the reference backend moves rows by "
+                      "all-to-all: set --mega_moe.ep_transport all_to_all (or auto)")
             if recipe.precision.value != "bf16":
                 _fail(f"precision={cfg.precision!r} with expert parallelism (expert_parallel_degree="
                       f"{parallel_dims.ep}) is not implemented yet; set --mega_moe.precision bf16")
@@ -70,11 +72,9 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
 
 
 def resolve_ep_transport(value: str) -> str:
-    """The transport `[mega_moe] ep_transport` names: all_to_all (torch.distributed; `auto` picks it today)."""
-    if value == "symm_mem":
-        _fail("ep_transport='symm_mem' (Triton kernels on torch symmetric memory) is not implemented yet; "
-              "set --mega_moe.ep_transport all_to_all (or auto)")
-    return "all_to_all"
+    """The transport `[mega_moe] ep_transport` names. `auto` picks all_to_all: the symmetric-memory
+    transport has not been measured against it on GPUs yet (docs/ep.md)."""
+    return "all_to_all" if value == "auto" else value
 
 
 def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
@@ -97,7 +97,8 @@ def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
         save_list.discard(op)
 
 
-def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router: bool = True) -> int:
+def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router: bool = True,
+                    ep_transport: str = "all_to_all") -> int:
     """Swap every stock MoE (and its GroupedExperts) in place; return how many were swapped."""
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoE)]
     if not layers:
@@ -121,6 +122,7 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router
         m.experts.__class__ = MegaGroupedExperts
         m.experts.precision = precision
         m.experts.backend = backend
+        m.experts.ep_transport = ep_transport
         m.fused_router = fused_router
     return len(layers)
 
@@ -160,7 +162,8 @@ class MegaMoEConverter:
         self.ac_note = _ac_note(job_config.activation_checkpoint, self.backend, self.save_under_sac)
         self.router_note = _router_note(job_config, self.backend, self.fused_router)
         ep = parallel_dims.ep if parallel_dims is not None else 1
-        self.ep_note = f", EP {ep} ({resolve_ep_transport(job_config.mega_moe.ep_transport)})" if ep > 1 else ""
+        self.ep_transport = resolve_ep_transport(job_config.mega_moe.ep_transport)
+        self.ep_note = f", EP {ep} ({self.ep_transport})" if ep > 1 else ""
         self.tiles_note = ""
         if job_config.mega_moe.tile_table:
             try:
@@ -173,7 +176,7 @@ class MegaMoEConverter:
             self.ac_note = "AC selective op (EP: the fused op and its all-to-alls are recomputed)"
 
     def convert(self, model: nn.Module) -> None:
-        n = swap_moe_layers(model, self.precision, self.backend, self.fused_router)
+        n = swap_moe_layers(model, self.precision, self.backend, self.fused_router, self.ep_transport)
         set_sac_policy(self.save_under_sac, self.model_name)
         logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
                     f"backend={self.backend}, {self.router_note}, {self.ac_note}{self.ep_note}{self.tiles_note}")

@@ -48,6 +48,7 @@ class MegaGroupedExperts(GroupedExperts):
 
     precision: str = "bf16"
     backend: str = "auto"
+    ep_transport: str = "all_to_all"
     ep_mesh = None  # set by expert_parallel.MegaAwareExpertParallel: the weights hold this rank's experts
 
     def forward(  # type: ignore[override]
@@ -65,12 +66,12 @@ class MegaGroupedExperts(GroupedExperts):
         group = self.ep_mesh.get_group() if self.ep_mesh is not None else None
         return fused_moe(
             x_TD, topk_ids_TK, topk_scores_TK, w1, w2, w3, precision=self.precision, backend=self.backend,
-            ep_group=group,
+            ep_group=group, ep_transport=self.ep_transport,
         )
 
     def extra_repr(self) -> str:
         E, H, D = self.w1.shape
-        ep = f", ep={self.ep_mesh.size()}" if self.ep_mesh is not None else ""
+        ep = f", ep={self.ep_mesh.size()} ({self.ep_transport})" if self.ep_mesh is not None else ""
         return f"experts={E}, dim={D}, hidden={H}, precision={self.precision}, backend={self.backend}{ep}"
 
 
