@@ -56,6 +56,11 @@ class _CudaSymmetricBuffers:
         self.nbytes, self._handle, self._local = 0, None, None
 
     def allocate(self, nbytes: int) -> None:
+        if self._local is not None:
+            # the last exchange's copy-out may still be reading the old buffer on the stream, and this
+            # allocator need not wait for the stream before freeing: growth is rare, synchronise
+            torch.cuda.synchronize(self._device)
+            self._handle = self._local = None
         self._local = self._symm.empty(nbytes, dtype=torch.uint8, device=self._device)
         self._handle = self._symm.rendezvous(self._local, self._group.group_name)
         self.nbytes = nbytes
