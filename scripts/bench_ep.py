@@ -71,7 +71,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PRESETS = {"30b-a3b": (2048, 768, 128, 8), "235b-a22b": (4096, 1536, 128, 8)}  # D H E K
-TRANSPORTS = ("all_to_all", "symm_mem")
+TRANSPORTS = ("all_to_all", "symm_mem")  # validation.EP_TRANSPORTS (not imported here: see above)
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 MAX_REL_L2 = 5e-2  # bench_layer's gate: bf16 arms with different rounding points differ at ~1e-3
 BF16_BYTES, FP32_BYTES, INT64_BYTES = 2, 4, 8

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, fields
 
 from ...precision import Precision
 from ...validation import BACKENDS
+from ...validation import EP_TRANSPORTS as _TRANSPORTS
 from .assets import TOKENIZER_DIR
 
-EP_TRANSPORTS = ("auto", "all_to_all", "symm_mem")
+EP_TRANSPORTS = ("auto", *_TRANSPORTS)
 # the str keys' allowed values
 CHOICES = {"precision": tuple(p.value for p in Precision), "backend": BACKENDS, "ep_transport": EP_TRANSPORTS}
 
