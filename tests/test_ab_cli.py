@@ -280,16 +280,40 @@ def _real_trainer_available():
 needs_trainer = pytest.mark.skipif(not _real_trainer_available(), reason="titan-megamoe train / tiny_cpu.toml missing")
 
 
-def run_ab(*args, timeout=170):
-    return subprocess.run([sys.executable, "-m", "titan_megamoe.cli", "ab", *args],
-                          capture_output=True, text=True, timeout=timeout)
+# the real A/Bs the tests below check, started side by side in one fixture: they are independent runs
+# (each torchrun picks its own port) and the suite's time is CI's limit. (arguments before "--", after)
+REAL_ABS = {
+    "tiny": (("--steps", "3", "--warmup", "1", "--nproc", "1"), ()),
+    # the issue's command: an EP 2 A/B on 2 gloo ranks
+    "ep2": (("--steps", "4", "--warmup", "1", "--nproc", "2"), ("--", "--parallelism.expert_parallel_degree", "2")),
+    "mega_fails": (("--steps", "1", "--warmup", "0", "--nproc", "1"), ("--", "--mega_moe.precision", "fp8")),
+    "stock_diverges": (("--steps", "3", "--warmup", "1", "--nproc", "1", "--stock-args", "--optimizer.lr 1e12"), ()),
+}
+
+
+@pytest.fixture(scope="module")
+def real_abs(tmp_path_factory):
+    """{name: (finished process with .returncode/.stdout/.stderr, its --out directory)} for REAL_ABS."""
+    root = tmp_path_factory.mktemp("real_ab")
+    running = {}
+    for name, (before, after) in REAL_ABS.items():
+        out, logs = root / name, [open(root / f"{name}.{k}", "w+") for k in ("stdout", "stderr")]
+        cmd = [sys.executable, "-m", "titan_megamoe.cli", "ab", *before, "--out", str(out), *after]
+        running[name] = (subprocess.Popen(cmd, stdout=logs[0], stderr=logs[1], text=True), logs, out)
+    done = {}
+    for name, (proc, logs, out) in running.items():
+        proc.wait(timeout=900)
+        stdout, stderr = (f.seek(0) or f.read() for f in logs)
+        for f in logs:
+            f.close()
+        done[name] = (subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), out)
+    return done
 
 
 @pytest.mark.slow
 @needs_trainer
-def test_real_ab_tiny(tmp_path):
-    out = tmp_path / "ab"
-    proc = run_ab("--steps", "3", "--warmup", "1", "--nproc", "1", "--out", str(out))
+def test_real_ab_tiny(real_abs):
+    proc, out = real_abs["tiny"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = check_outputs(out, 3)
     assert record["config"].endswith(cfg.DEFAULT_CONFIG)
@@ -307,11 +331,9 @@ def test_real_ab_tiny(tmp_path):
 
 @pytest.mark.slow
 @needs_trainer
-def test_real_ab_with_expert_parallelism(tmp_path):
+def test_real_ab_with_expert_parallelism(real_abs):
     """The issue's command: an EP 2 A/B on 2 gloo ranks succeeds and the arms agree (seen: identical losses)."""
-    out = tmp_path / "ab"
-    proc = run_ab("--steps", "4", "--warmup", "1", "--nproc", "2", "--out", str(out), "--",
-                  "--parallelism.expert_parallel_degree", "2", timeout=400)
+    proc, out = real_abs["ep2"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = check_outputs(out, 4)
     diff = record["comparison"]["loss_diff"]
@@ -320,9 +342,8 @@ def test_real_ab_with_expert_parallelism(tmp_path):
 
 @pytest.mark.slow
 @needs_trainer
-def test_real_ab_mega_arm_fails(tmp_path):
-    out = tmp_path / "ab"
-    proc = run_ab("--steps", "1", "--warmup", "0", "--nproc", "1", "--out", str(out), "--", "--mega_moe.precision", "fp8")
+def test_real_ab_mega_arm_fails(real_abs):
+    proc, out = real_abs["mega_fails"]
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     # the debug model's expert hidden dim (96) is not a multiple of FP8's 128-wide scale block
@@ -334,10 +355,9 @@ def test_real_ab_mega_arm_fails(tmp_path):
 
 @pytest.mark.slow
 @needs_trainer
-def test_real_ab_diverging_stock_arm_fails(tmp_path):
+def test_real_ab_diverging_stock_arm_fails(real_abs):
     """The issue's repro: the real trainer prints NaN/inf metrics; the A/B must fail and say where."""
-    out = tmp_path / "ab"
-    proc = run_ab("--steps", "3", "--warmup", "1", "--nproc", "1", "--out", str(out), "--stock-args", "--optimizer.lr 1e12")
+    proc, out = real_abs["stock_diverges"]
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("titan-megamoe ab: stock arm diverged: ") and " at step " in last, last
