@@ -13,4 +13,6 @@ def use_tile_table(path):
     from .kernels.configs import use_tile_table as load
 
     return load(path)
+
+
 __all__ = ["moe", "topk_route", "use_tile_table", "Precision", "__version__"]

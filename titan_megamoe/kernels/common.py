@@ -113,11 +113,3 @@ def new_output(shape, dtype, device):
         fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
         return torch.full(shape, fill, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-def sorted_source_rows(x_RD: torch.Tensor, plan) -> torch.Tensor:
-    """The plan's source rows of x in expert-sorted order, [N, D]: a copy that lets a GEMM read its rows
-    through TMA (bf16 dgrad with `split` and `tma`). Sorted position p holds row order[p] // K."""
-    src = plan.order_N if plan.rows_per_token == 1 else torch.div(plan.order_N, plan.rows_per_token,
-                                                                  rounding_mode="floor")
-    return x_RD.index_select(0, src)

@@ -151,8 +151,7 @@ def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]
     fp32 weights take two launches (W, then W^T): from an fp32 tile, Triton 3.6 on the H200 rounds about
     a third of W^T's elements wrongly when the same program also stores W (measured: W^T alone, both
     copies from a bf16 tile, or casting values already rounded to e4m3 all come out right)."""
-    w, wt = _quantize_weight("quantize_weight_pair", w_ERC, want_w=True)
-    return w, wt
+    return _quantize_weight("quantize_weight_pair", w_ERC, want_w=True)
 
 
 def quantize_weight_transposed(w_ERC: torch.Tensor) -> BlockScaled:

@@ -77,9 +77,8 @@ def tune(shape: tuple[int, int, int, int, int], precision: str, kernels: list[st
         raise ValueError(f"unknown kernels {unknown}; valid: {', '.join(KERNELS)}")
     table = load(out)
     key = f"{D}x{H}"
-    # records of older runs lack fields added to TileConfig since (their defaults): normalise before matching
-    done = {(r["precision"], tuple(r["shape"]), r["kernel"],
-             json.dumps(TileConfig.from_record(r["config"]).to_record(), sort_keys=True)) for r in table["runs"]}
+    done = {(r["precision"], tuple(r["shape"]), r["kernel"], json.dumps(_record(r["config"]), sort_keys=True))
+            for r in table["runs"]}
     table["environment"] = _environment(device)
     start = time.monotonic()
     say(f"[tune] {precision} D={D} H={H} E={E} K={K} T={T}: building the problem and the oracle check")
@@ -129,6 +128,12 @@ def tune(shape: tuple[int, int, int, int, int], precision: str, kernels: list[st
     return table
 
 
+def _record(config: dict) -> dict:
+    """A recorded config with every TileConfig field: records of older runs lack fields added since (they
+    mean the defaults)."""
+    return TileConfig.from_record(config).to_record()
+
+
 def _short(cfg: TileConfig) -> str:
     flags = [f for f in ("tma", "split", "warp_specialize") if getattr(cfg, f)]
     group = f" group_m {cfg.group_m}" if cfg.group_m > 1 else ""
@@ -144,7 +149,7 @@ def _pick_winner(table: dict, precision: str, shape, kernel: str) -> None:
         return
     best = min(ok, key=lambda r: r["ms"])
     key = f"{D}x{H}"
-    table["configs"].setdefault(precision, {}).setdefault(key, {})[kernel] = best["config"]
+    table["configs"].setdefault(precision, {}).setdefault(key, {})[kernel] = _record(best["config"])
     gpu = table.get("environment", {}).get("gpu")
     table["measured"].setdefault(precision, {}).setdefault(key, {})[kernel] = {
         "ms": best["ms"], "tflops": best["tflops"], "T": best["shape"][4], "E": best["shape"][2],
