@@ -61,6 +61,9 @@ CONFIGS = {
     "base": SMALL,
     "wide": TileConfig(32, 32, 32, 4, 1),
     "tma": TileConfig(16, 32, 16, 4, 1, tma=True),  # the sorted operand through a TMA descriptor
+    # the gathered operand copied into sorted order, both through TMA (a partial last block per expert)
+    "sorted_copy": TileConfig(16, 32, 16, 4, 1, tma=True, sorted_copy=True),
+    "sorted_copy_ws": TileConfig(16, 32, 16, 4, 1, tma=True, sorted_copy=True, warp_specialize=True),
 }
 
 # name: (T, K, E, D, H)
@@ -154,7 +157,9 @@ def test_wgrad_routing_cases(case, out_dtype):
 
 
 @pytest.mark.parametrize(
-    "case, config", [("random", "wide"), ("random", "tma"), ("skewed", "tma"), ("empty", "tma"), ("all_one", "tma")]
+    "case, config", [("random", "wide"), ("random", "tma"), ("skewed", "tma"), ("empty", "tma"), ("all_one", "tma"),
+                     ("random", "sorted_copy"), ("empty", "sorted_copy"), ("k1", "sorted_copy"),
+                     ("skewed", "sorted_copy_ws")]
 )  # fmt: skip
 def test_wgrad_config_variants(case, config):
     p = _problem(case, seed=1)
@@ -186,32 +191,38 @@ import json, sys
 sys.path.insert(0, "scripts")
 from sm90_resources import compile_sm90 as compile_kernel  # the one sm_90 compile + SASS check
 from titan_megamoe.kernels import wgrad
+from dataclasses import replace
 from titan_megamoe.kernels.configs import tile_config
 
-def compile_sm90(kind):
+def compile_sm90(kind, sorted_copy):
     # the launch the pipeline makes: dW2 over (gathered dout, sorted s*h), dW1/dW3 over (sorted dg, du,
-    # gathered x); with the table's `tma` the sorted operand is a TMA descriptor
+    # gathered x); with the table's `tma` the sorted operand is a TMA descriptor. sorted_copy: the gathered
+    # operand copied into sorted order, both operands TMA descriptors, the loop warp-specialised
     cfg = tile_config(f"wgrad_{kind}", 2048, 768)
+    if sorted_copy:
+        cfg = replace(cfg, tma=True, sorted_copy=True, warp_specialize=True)
     w2 = kind == "w2"
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     tma = cfg.tma
     ptrs = dict(a_ptr="*bf16", a2_ptr="*bf16", b_ptr="*bf16", order_ptr="*i32", offsets_ptr="*i32",
                 expert_slot_ptr="*i32", c_ptr="*bf16", c2_ptr="*bf16")
     descs = {}
-    if tma and w2:
-        descs = dict(b_ptr=f"tensordesc<bf16[{bk}, {bn}]>")
-    elif tma:
-        descs = dict(a_ptr=f"tensordesc<bf16[{bk}, {bm}]>", a2_ptr=f"tensordesc<bf16[{bk}, {bm}]>")
+    if tma and (w2 or sorted_copy):
+        descs["b_ptr"] = f"tensordesc<bf16[{bk}, {bn}]>"
+    if tma and (not w2 or sorted_copy):
+        descs.update(a_ptr=f"tensordesc<bf16[{bk}, {bm}]>", a2_ptr=f"tensordesc<bf16[{bk}, {bm}]>")
     ints = dict.fromkeys(["M", "N", "stride_a", "stride_b", "stride_ce", "stride_cm"], "i32")
     constexprs = dict(
-        TOP_K=8, A_GATHER=w2, B_GATHER=not w2, DUAL=not w2, EVEN_M=True, EVEN_N=True, OUT_BF16=True,
-        SORTED_TMA=tma, INTERPRET=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        TOP_K=8, A_GATHER=w2 and not sorted_copy, B_GATHER=not w2 and not sorted_copy, DUAL=not w2, EVEN_M=True,
+        EVEN_N=True, OUT_BF16=True, SORTED_TMA=tma, WS=sorted_copy, INTERPRET=False, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk)
     ptrs.update(descs)
     aligned = (set(ptrs) - set(descs)) | set(ints)
     return compile_kernel(wgrad._expert_wgrad_kernel, {**ptrs, **ints}, constexprs, aligned, cfg.num_warps,
                         cfg.num_stages)
 
-print(json.dumps({kind: compile_sm90(kind) for kind in ("w2", "w13")}))
+print(json.dumps({f"{kind}{'_sorted_copy' if c else ''}": compile_sm90(kind, c) for kind in ("w2", "w13")
+                  for c in (False, True)}))
 """
 
 
@@ -226,10 +237,11 @@ def sm90_compiles():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kind", ["w2", "w13"])
+@pytest.mark.parametrize("kind", ["w2", "w13", "w2_sorted_copy", "w13_sorted_copy"])
 def test_default_config_compiles_to_wgmma_on_sm90(sm90_compiles, kind):
     """Compile the shipped default config for sm_90 on the CPU (no GPU needed; Triton bundles ptxas and
-    cuobjdump): the GEMM must lower to wgmma (HGMMA in the SASS) and nothing may spill to the stack."""
+    cuobjdump), and the same tiles with both operands in sorted order through TMA, warp-specialised: the
+    GEMM must lower to wgmma (HGMMA in the SASS) and nothing may spill to the stack."""
     res = sm90_compiles[kind]
     print(kind, res)
     assert res["wgmma_ir"], "the GEMM did not lower to a warp-group (wgmma) dot"

@@ -85,3 +85,10 @@ class RoutingPlan:
     @property
     def rows_per_token(self) -> int:
         return self.layout.rows_per_token
+
+    def sorted_source_rows(self, rows_RD: torch.Tensor) -> torch.Tensor:
+        """The source rows of this plan's rows in expert-sorted order, [N, D]: sorted position p holds
+        row order[p] // K of rows_RD (a copy that a kernel can read through TMA instead of gathering)."""
+        src = self.order_N if self.rows_per_token == 1 else torch.div(self.order_N, self.rows_per_token,
+                                                                      rounding_mode="floor")
+        return rows_RD.index_select(0, src)

@@ -183,8 +183,9 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
 def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
     """A forced tile config must fit its kernel: row-tiled kernels take the plan's tiles whole or in equal
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
-    for the TMA loops of gemm2 and dx, grouped row order (group_m) only for the row-tiled kernels."""
+    for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only for the row-tiled kernels."""
     from .kernels.configs import KERNELS, ROW_KERNELS
+    from .kernels.configs import WGRAD_KERNELS as WGRAD
 
     if kernel not in KERNELS:
         raise ValueError(f"tile config: unknown kernel {kernel!r}; expected one of {', '.join(KERNELS)}")
@@ -196,8 +197,11 @@ def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
     if not isinstance(cfg.group_m, int) or cfg.group_m < 1 or (cfg.group_m > 1 and kernel not in ROW_KERNELS):
         raise ValueError(f"{kernel}: group_m must be an integer >= 1, and above 1 only for the row-tiled kernels "
                          f"({', '.join(ROW_KERNELS)}), got {cfg.group_m!r}")
-    if cfg.warp_specialize and kernel not in ("gemm2", "dx"):
-        raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) only")
+    if cfg.sorted_copy and (kernel not in WGRAD or not cfg.tma):
+        raise ValueError(f"{kernel}: sorted_copy applies to the weight gradients ({', '.join(WGRAD)}) with tma only")
+    if cfg.warp_specialize and not (kernel in ("gemm2", "dx") or (kernel in WGRAD and cfg.sorted_copy)):
+        raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) and to the weight gradients "
+                         f"with sorted_copy only")
 
 
 EP_TRANSPORTS = ("all_to_all", "symm_mem")

@@ -36,8 +36,12 @@ class TileConfig:
     # dgrad_swiglu only: the GEMM stores q, a second elementwise kernel does the dSwiGLU (bf16 with tma:
     # dout's rows copied into sorted order first, q from the grouped GEMM through TMA)
     split: bool = False
-    warp_specialize: bool = False  # gemm2 / dx with tma only: Triton's automatic warp specialisation
+    # Triton's automatic warp specialisation: gemm2 / dx with tma, and the weight gradients with sorted_copy
+    warp_specialize: bool = False
     group_m: int = 1  # row-tiled kernels: row programs walked down each N column together (schedule.row_tile)
+    # weight gradients (bf16) with tma: the gathered operand (dout for dW2, x for dW1/dW3) copied into
+    # sorted order first, so both operands come through TMA (mainloop.varlen_mainloop)
+    sorted_copy: bool = False
 
     @classmethod
     def from_record(cls, raw: "list | dict") -> "TileConfig":

@@ -150,14 +150,6 @@ def _dswiglu_fp8_kernel(
 _ROWS_BLOCK_M, _ROWS_BLOCK_N = 64, 128
 
 
-def _sorted_source_rows(dout_RD: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
-    """The plan's source rows of dout in expert-sorted order, [N, D] (sorted position p holds row
-    order[p] // K): a copy the grouped GEMM reads through TMA."""
-    src = plan.order_N if plan.rows_per_token == 1 else torch.div(plan.order_N, plan.rows_per_token,
-                                                                  rounding_mode="floor")
-    return dout_RD.index_select(0, src)
-
-
 def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, precision: str):
     """(dg_NH, du_NH, hs_NH = s*h) in g's dtype, sorted rows, and ds_N fp32 in row order; dout_RD holds
     the plan's source rows of the output gradient, scores_N the score of each row.
@@ -179,7 +171,7 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
     if gathered_first:
         # dout's rows copied into sorted order, then q = dout W2_e by the grouped GEMM with both operands
         # through TMA, stored in dg's buffer like the fused kernel's q; the rows kernel below takes it on
-        dout_sorted = _sorted_source_rows(dout_RD, plan)
+        dout_sorted = plan.sorted_source_rows(dout_RD)
         dg = expert_h_grad(dout_sorted, w2_EDH, plan, g_NH.dtype, precision)
         del dout_sorted
         du, hs = (new_output((N, H), g_NH.dtype, g_NH.device) for _ in range(2))

@@ -87,54 +87,72 @@ def row_mainloop(acc0, acc1, a_src, a_off, row_ok, a_row, b0_src, b1_src, b_off,
 def varlen_mainloop(acc, acc2, a_src, a2_src, b_src, order_ptr, lo, hi, offs_m, offs_n, M, N, stride_a, stride_b,
                     pid_m, pid_n, TOP_K: tl.constexpr, A_GATHER: tl.constexpr, B_GATHER: tl.constexpr,
                     DUAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, SORTED_TMA: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+                    WS: tl.constexpr = False):
     """acc += sum_p A[row_a(p), offs_m]^T B[row_b(p), offs_n] over sorted rows lo <= p < hi (acc2 likewise
     with A2 when DUAL), where an operand's row is the sorted position p or, gathered, the token
     order[p] // TOP_K. Tiles are loaded [BLOCK_K, BLOCK_{M,N}] with the feature dim last (coalesced);
     A enters the MMA transposed (a shared-memory view on Hopper, no shuffle).
 
-    SORTED_TMA: the sorted operand comes through a TMA descriptor. Its rows past `hi` belong to the next
-    expert, but they meet the gathered operand's rows masked to zero, so they add nothing; columns past
-    M or N are TMA's zero fill.
+    SORTED_TMA: the sorted operand(s) come through TMA descriptors. With one operand gathered, the sorted
+    one's rows past `hi` belong to the next expert, but they meet the gathered operand's rows masked to
+    zero, so they add nothing. With neither gathered (the caller copied the gathered one into sorted order
+    first) nothing masks them: the loop covers whole BLOCK_K blocks through TMA only (WS: Triton's
+    automatic warp specialisation, which needs descriptor loads), and the last partial block zeroes B's
+    rows past `hi` in registers, once per program. Columns past M or N are TMA's zero fill.
     """
     offs_k = tl.arange(0, BLOCK_K)
-    for k0 in range(lo, hi, BLOCK_K):
-        rows = k0 + offs_k
-        row_ok = rows < hi
-        if A_GATHER or B_GATHER:
-            tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
-        if A_GATHER:
-            rows_a = tok.to(tl.int64)
-        else:
-            rows_a = rows.to(tl.int64)
-        if B_GATHER:
-            rows_b = tok.to(tl.int64)
-        else:
-            rows_b = rows.to(tl.int64)
-        if EVEN_M:
-            mask_a = row_ok[:, None]
-        else:
-            mask_a = row_ok[:, None] & (offs_m < M)[None, :]
-        if EVEN_N:
-            mask_b = row_ok[:, None]
-        else:
-            mask_b = row_ok[:, None] & (offs_n < N)[None, :]
-        a_off = rows_a[:, None] * stride_a + offs_m[None, :]
-        if SORTED_TMA and not B_GATHER:
+    if SORTED_TMA and not A_GATHER and not B_GATHER:
+        full_end = lo + (hi - lo) // BLOCK_K * BLOCK_K
+        for k0 in tl.range(lo, full_end, BLOCK_K, warp_specialize=WS):
             b = b_src.load([k0, pid_n * BLOCK_N])
-        else:
-            b = tl.load(b_src + rows_b[:, None] * stride_b + offs_n[None, :], mask=mask_b, other=0.0)
-        if SORTED_TMA and not A_GATHER:
-            a = a_src.load([k0, pid_m * BLOCK_M])
-        else:
-            a = tl.load(a_src + a_off, mask=mask_a, other=0.0)
-        acc = mma(tl.trans(a), b, acc, INTERPRET)
-        if DUAL:
-            if SORTED_TMA and not A_GATHER:
-                a2 = a2_src.load([k0, pid_m * BLOCK_M])
+            acc = mma(tl.trans(a_src.load([k0, pid_m * BLOCK_M])), b, acc, INTERPRET)
+            if DUAL:
+                acc2 = mma(tl.trans(a2_src.load([k0, pid_m * BLOCK_M])), b, acc2, INTERPRET)
+        if full_end < hi:
+            row_ok = full_end + offs_k < hi
+            b = tl.where(row_ok[:, None], b_src.load([full_end, pid_n * BLOCK_N]), 0.0)
+            acc = mma(tl.trans(a_src.load([full_end, pid_m * BLOCK_M])), b, acc, INTERPRET)
+            if DUAL:
+                acc2 = mma(tl.trans(a2_src.load([full_end, pid_m * BLOCK_M])), b, acc2, INTERPRET)
+    else:
+        for k0 in range(lo, hi, BLOCK_K):
+            rows = k0 + offs_k
+            row_ok = rows < hi
+            if A_GATHER or B_GATHER:
+                tok = tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K
+            if A_GATHER:
+                rows_a = tok.to(tl.int64)
             else:
-                a2 = tl.load(a2_src + a_off, mask=mask_a, other=0.0)
-            acc2 = mma(tl.trans(a2), b, acc2, INTERPRET)
+                rows_a = rows.to(tl.int64)
+            if B_GATHER:
+                rows_b = tok.to(tl.int64)
+            else:
+                rows_b = rows.to(tl.int64)
+            if EVEN_M:
+                mask_a = row_ok[:, None]
+            else:
+                mask_a = row_ok[:, None] & (offs_m < M)[None, :]
+            if EVEN_N:
+                mask_b = row_ok[:, None]
+            else:
+                mask_b = row_ok[:, None] & (offs_n < N)[None, :]
+            a_off = rows_a[:, None] * stride_a + offs_m[None, :]
+            if SORTED_TMA and not B_GATHER:
+                b = b_src.load([k0, pid_n * BLOCK_N])
+            else:
+                b = tl.load(b_src + rows_b[:, None] * stride_b + offs_n[None, :], mask=mask_b, other=0.0)
+            if SORTED_TMA and not A_GATHER:
+                a = a_src.load([k0, pid_m * BLOCK_M])
+            else:
+                a = tl.load(a_src + a_off, mask=mask_a, other=0.0)
+            acc = mma(tl.trans(a), b, acc, INTERPRET)
+            if DUAL:
+                if SORTED_TMA and not A_GATHER:
+                    a2 = a2_src.load([k0, pid_m * BLOCK_M])
+                else:
+                    a2 = tl.load(a2_src + a_off, mask=mask_a, other=0.0)
+                acc2 = mma(tl.trans(a2), b, acc2, INTERPRET)
     return acc, acc2
 
 

@@ -65,7 +65,7 @@ def _expert_wgrad_kernel(
     M, N, stride_a, stride_b, stride_ce, stride_cm,
     TOP_K: tl.constexpr, A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, DUAL: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr, SORTED_TMA: tl.constexpr,
-    INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(tl.program_id(0), M, N, expert_slot_ptr,
                                                                       offsets_ptr, BLOCK_M, BLOCK_N)
@@ -73,7 +73,7 @@ def _expert_wgrad_kernel(
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc, acc2 = varlen_mainloop(acc, acc2, a_ptr, a2_ptr, b_ptr, order_ptr, lo, hi, offs_m, offs_n, M, N,
                                 stride_a, stride_b, pid_m, pid_n, TOP_K, A_GATHER, B_GATHER, DUAL, EVEN_M, EVEN_N,
-                                SORTED_TMA, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+                                SORTED_TMA, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET, WS)
     _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride_ce, stride_cm, DUAL, EVEN_M, EVEN_N,
                   OUT_BF16, INTERPRET)
 
@@ -114,21 +114,29 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
     a2 = a2 if dual else a
     offsets = plan.offsets_E1
     expert_slot = _expert_slots(offsets)
-    sorted_tma = cfg.tma and tma_ok(b if a_gather else a, b if a_gather else a2)
+    gathered = (a if a_gather else b) if not cfg.sorted_copy else None
+    if cfg.sorted_copy:  # the gathered operand copied into sorted order: nothing is gathered in the kernel
+        if a_gather:
+            a = a2 = plan.sorted_source_rows(a)
+        else:
+            b = plan.sorted_source_rows(b)
+    sorted_ops = [t for t in (a, a2, b) if t is not gathered]
+    sorted_tma = cfg.tma and tma_ok(*sorted_ops)
     stride_a, stride_b = a.stride(0), b.stride(0)
     if sorted_tma:
-        if a_gather:
+        if gathered is not b:
             b, stride_b = TensorDescriptor.from_tensor(b, [bk, bn]), 0
-        else:
+        if gathered is not a:
             a, a2 = (TensorDescriptor.from_tensor(t, [bk, bm]) for t in (a, a2))
             stride_a = 0
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _expert_wgrad_kernel[grid](
         a, a2, b, plan.order_N, offsets, expert_slot, c, c2, M, N, stride_a, stride_b, c.stride(0), c.stride(1),
-        TOP_K=plan.rows_per_token, A_GATHER=a_gather, B_GATHER=not a_gather, DUAL=dual,
+        TOP_K=plan.rows_per_token, A_GATHER=gathered is a, B_GATHER=gathered is b, DUAL=dual,
         EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, SORTED_TMA=sorted_tma,
-        INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        WS=sorted_tma and cfg.warp_specialize and gathered is None, INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 

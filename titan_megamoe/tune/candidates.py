@@ -54,7 +54,15 @@ _GROUPED = {"gemm1_swiglu": [C(M, 128, 64, 8, 4, **T_), C(M, 128, 64, 8, 3)],
             "dx": [C(M, 256, 64, 8, 3, **T_), C(M, 256, 32, 8, 4, **T_)]}
 for _kernel, _configs in _GROUPED.items():
     CANDIDATES[_kernel] = CANDIDATES[_kernel] + [replace(c, group_m=g) for c in _configs for g in (4, 8, 16)]
-CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"]
+# weight gradients with the gathered operand copied into sorted order first (`sorted_copy`): both operands
+# through TMA, optionally warp-specialised; dW1/dW3's two accumulators spill at 128 x 256
+SC = dict(tma=True, sorted_copy=True)
+_SORTED_COPY = [C(128, 128, 32, 8, 5, **SC), C(128, 128, 64, 8, 4, **SC), C(128, 128, 64, 8, 3, **SC, warp_specialize=True),
+                C(128, 128, 32, 8, 5, **SC, warp_specialize=True)]
+_SORTED_COPY_WIDE = [C(128, 256, 32, 8, 4, **SC), C(128, 256, 64, 8, 3, **SC), C(128, 256, 64, 8, 3, **SC, warp_specialize=True),
+                     C(128, 256, 32, 8, 4, **SC, warp_specialize=True)]
+CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"] + _SORTED_COPY
+CANDIDATES["wgrad_w2"] = CANDIDATES["wgrad_w2"] + _SORTED_COPY + _SORTED_COPY_WIDE
 
 # block FP8: BLOCK_K is one 128-wide scale block. The block-scaled main loop waits for each K block's MMA
 # before scaling it into the accumulator, so a program's tensor cores idle during that step; programs of
