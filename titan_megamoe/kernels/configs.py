@@ -83,15 +83,17 @@ _GPU_DEFAULTS = {
 # (one more stage through TMA: 8.26 against 8.50 ms) and dgrad (dout's rows copied into sorted order
 # first, q through TMA: 4.13 against 4.22 ms; docs/results/tune_gathered_first_20261204T1300.json). The
 # row kernels walk their programs in groups down each N column (group_m): an expert's W1 and W3 (235 MB)
-# outgrow L2, and GEMM1 went from 8.26 to 6.53 ms with groups of 16 (tune_grouped_20261204T1318.json)
+# outgrow L2, and GEMM1 went from 8.26 to 6.53 ms with groups of 16 (tune_grouped_20261204T1318.json).
+# The weight gradients read the gathered operand from a sorted copy (sorted_copy, both operands through
+# TMA): dW2 4.44 -> 3.59 ms (warp-specialised), dW1/dW3 8.21 -> 6.36 (tune_wgrad_sorted_copy_20261204T1517.json)
 LARGE_EXPERT_HIDDEN = 4096
 _GPU_DEFAULTS_LARGE_EXPERT = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 4, tma=True, group_m=16),
     "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, group_m=8),
     "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, split=True, group_m=16),  # dout gathered first
     "dx": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, group_m=16),
-    "wgrad_w2": TileConfig(128, 256, 32, 8, 5, tma=True),
-    "wgrad_w13": TileConfig(128, 128, 32, 8, 6, tma=True),
+    "wgrad_w2": TileConfig(128, 128, 64, 8, 3, tma=True, warp_specialize=True, sorted_copy=True),
+    "wgrad_w13": TileConfig(128, 128, 64, 8, 4, tma=True, sorted_copy=True),
 }
 # block FP8: every reduction step is one 128-wide scale block (BLOCK_K = 128); GEMM1's 2 x 64 columns
 # cover one 128-wide scale block of h per row. A block-scaled main loop waits for each K block's MMA
