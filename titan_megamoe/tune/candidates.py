@@ -61,8 +61,13 @@ _SORTED_COPY = [C(128, 128, 32, 8, 5, **SC), C(128, 128, 64, 8, 4, **SC), C(128,
                 C(128, 128, 32, 8, 5, **SC, warp_specialize=True)]
 _SORTED_COPY_WIDE = [C(128, 256, 32, 8, 4, **SC), C(128, 256, 64, 8, 3, **SC), C(128, 256, 64, 8, 3, **SC, warp_specialize=True),
                      C(128, 256, 32, 8, 4, **SC, warp_specialize=True)]
-CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"] + _SORTED_COPY
-CANDIDATES["wgrad_w2"] = CANDIDATES["wgrad_w2"] + _SORTED_COPY + _SORTED_COPY_WIDE
+# one-warpgroup programs (64 rows, 4 warps): small enough in registers and shared memory for two per
+# multiprocessor, so one's epilogue and pipeline fill overlap the other's MMAs (an expert's reduction is
+# short: ~1024 rows at the Qwen3 shapes)
+_SORTED_COPY_HALF = [C(64, 128, 64, 4, 3, **SC), C(64, 128, 64, 4, 4, **SC), C(64, 128, 32, 4, 5, **SC)]
+CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"] + _SORTED_COPY + _SORTED_COPY_HALF
+CANDIDATES["wgrad_w2"] = (CANDIDATES["wgrad_w2"] + _SORTED_COPY + _SORTED_COPY_WIDE + _SORTED_COPY_HALF
+                          + [C(64, 256, 64, 4, 3, **SC)])
 
 # block FP8: BLOCK_K is one 128-wide scale block. The block-scaled main loop waits for each K block's MMA
 # before scaling it into the accumulator, so a program's tensor cores idle during that step; programs of
