@@ -201,6 +201,7 @@ def compile_sm90(kind, sorted_copy):
     cfg = tile_config(f"wgrad_{kind}", 2048, 768)
     if sorted_copy:
         cfg = replace(cfg, tma=True, sorted_copy=True, warp_specialize=True)
+    sorted_copy = cfg.sorted_copy
     w2 = kind == "w2"
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     tma = cfg.tma
@@ -214,7 +215,7 @@ def compile_sm90(kind, sorted_copy):
     ints = dict.fromkeys(["M", "N", "stride_a", "stride_b", "stride_ce", "stride_cm"], "i32")
     constexprs = dict(
         TOP_K=8, A_GATHER=w2 and not sorted_copy, B_GATHER=not w2 and not sorted_copy, DUAL=not w2, EVEN_M=True,
-        EVEN_N=True, OUT_BF16=True, SORTED_TMA=tma, WS=sorted_copy, INTERPRET=False, BLOCK_M=bm, BLOCK_N=bn,
+        EVEN_N=True, OUT_BF16=True, SORTED_TMA=tma, WS=cfg.warp_specialize, INTERPRET=False, BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_K=bk)
     ptrs.update(descs)
     aligned = (set(ptrs) - set(descs)) | set(ints)

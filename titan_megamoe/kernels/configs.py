@@ -66,16 +66,16 @@ KERNELS = ROW_KERNELS + WGRAD_KERNELS
 ROW_BLOCK_M = 128
 # defaults for shapes the table lacks, by expert size. Small experts: the winners at Qwen3-30B-A3B's shape
 # on the H200 (split dgrad and TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where
-# a tensor does not allow it).
-# wgrad: read off sm_90 compiles (wgmma, no spills; the gathered row index costs the pipeliner a stage,
-# so 5 stages give 3 data buffers)
+# a tensor does not allow it). Weight gradients: dW2 over the gathered dout (128x256 tiles, s*h through
+# TMA); dW1/dW3 from a sorted copy of x, in one-warpgroup programs, two per multiprocessor (1.80 against
+# 1.98 ms for the gathered x at 30B-A3B; tune_wgrad_sorted_copy_20261204T1528.json)
 _GPU_DEFAULTS = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 3),
     "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True),
     "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, 32, 8, 4, split=True),
     "dx": TileConfig(ROW_BLOCK_M, 256, 32, 8, 4, tma=True),
-    "wgrad_w2": TileConfig(128, 128, 64, 8, 5),
-    "wgrad_w13": TileConfig(128, 128, 64, 8, 5),
+    "wgrad_w2": TileConfig(128, 256, 32, 8, 5, tma=True),
+    "wgrad_w13": TileConfig(64, 128, 32, 4, 5, tma=True, sorted_copy=True),
 }
 # large experts (Mixtral-like, H >= LARGE_EXPERT_HIDDEN): the winners at D=4096, H=14336 (E=8, K=2,
 # T=8192) on the H200, `titan-megamoe tune` (docs/results/tune_4096x14336_20261204T1249.json). They differ
@@ -85,7 +85,7 @@ _GPU_DEFAULTS = {
 # row kernels walk their programs in groups down each N column (group_m): an expert's W1 and W3 (235 MB)
 # outgrow L2, and GEMM1 went from 8.26 to 6.53 ms with groups of 16 (tune_grouped_20261204T1318.json).
 # The weight gradients read the gathered operand from a sorted copy (sorted_copy, both operands through
-# TMA): dW2 4.44 -> 3.59 ms (warp-specialised), dW1/dW3 8.21 -> 6.36 (tune_wgrad_sorted_copy_20261204T1517.json)
+# TMA): dW2 4.44 -> 3.59 ms (warp-specialised), dW1/dW3 8.21 -> 6.36 (tune_wgrad_sorted_copy_20261204T1528.json)
 LARGE_EXPERT_HIDDEN = 4096
 _GPU_DEFAULTS_LARGE_EXPERT = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 4, tma=True, group_m=16),
