@@ -40,6 +40,9 @@ def fused_moe_backward(dout_TD, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_ED
     dy = local.dispatch_grad(dout_TD, d)
     dx_ND, ds_N, saved = ffn_backward_input(dy, d.plan, d.scores_N, w1_EHD, w2_EDH, w3_EHD, ffn_residuals, recipe)
     dx = local.combine_grad(dx_ND, d, x_TD.dtype)
+    # the dx rows ([N, D], 1 GiB at 235B-A22B T=16384) are dead once combined: freed before the weight
+    # gradients allocate theirs and the sorted copies some tile configs make (TileConfig.sorted_copy)
+    del dx_ND
     dw1, dw2, dw3 = ffn_backward_weights(d.rows_RD, d.plan, w1_EHD, w2_EDH, saved, recipe)
     ds = ds_N.view(topk_scores_TK.shape).to(topk_scores_TK.dtype)
     return dx, ds, dw1, dw2, dw3
