@@ -116,3 +116,29 @@ def test_resume_matches_records_written_before_a_field_was_added(tmp_path):
     lines = []
     again = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device=DEVICE, say=lines.append)
     assert len(again["runs"]) == len(table["runs"]) and not any("gemm2 1/" in line for line in lines)
+
+
+def test_no_sorted_copy_neither_runs_nor_picks_those_configs(tmp_path, monkeypatch):
+    """--no-sorted-copy: the weight-gradient configs that copy an operand into sorted order first (more
+    memory) are not run, and not picked either when the file holds them from an earlier run."""
+    from dataclasses import replace
+
+    base = configs.tile_config("wgrad_w13", 128, 128)
+    copy = replace(base, tma=True, sorted_copy=True)
+    monkeypatch.setattr(candidates, "for_kernel", lambda kernel, precision: [base, copy])
+    out = tmp_path / "tiles.json"
+    table = search.tune(SHAPE, "bf16", ["wgrad_w13"], out, budget_s=600, device=DEVICE, say=lambda _: None)
+    assert [r["config"]["sorted_copy"] for r in table["runs"] if "ms" in r] == [False, True]
+    for r in table["runs"]:  # the sorted-copy config made the fastest: only the option keeps it out
+        r["ms"] = 1.0 if r["config"]["sorted_copy"] else 2.0
+    out.write_text(json.dumps(table))
+    again = search.tune(SHAPE, "bf16", ["wgrad_w13"], out, budget_s=600, device=DEVICE, say=lambda _: None)
+    assert again["configs"]["bf16"]["128x128"]["wgrad_w13"]["sorted_copy"] is True
+    again = search.tune(SHAPE, "bf16", ["wgrad_w13"], out, budget_s=600, device=DEVICE, say=lambda _: None,
+                        sorted_copy=False)
+    assert again["configs"]["bf16"]["128x128"]["wgrad_w13"] == base.to_record()
+    fresh = tmp_path / "fresh.json"
+    lines = []
+    table = search.tune(SHAPE, "bf16", ["wgrad_w13"], fresh, budget_s=600, device=DEVICE, say=lines.append,
+                        sorted_copy=False)
+    assert [r["config"]["sorted_copy"] for r in table["runs"]] == [False] and "wgrad_w13 1/1" in lines[-2]

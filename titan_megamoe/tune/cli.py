@@ -1,7 +1,7 @@
 """`titan-megamoe tune`: tile configs for your own MoE shape, measured on your GPU, in a table file.
 
     titan-megamoe tune --shape D H E K T [--precision bf16,fp8] [--kernels ...] [--budget-seconds 600]
-                       [--out tile_table.json]
+                       [--out tile_table.json] [--no-sorted-copy]
 
 D, H: the model and expert hidden dims; E experts, top-K, T tokens per GPU (per micro-batch). Runs
 offline (not during training), shows one line per candidate, keeps within the time budget, and resumes
@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-seconds", type=float, default=600.0,
                    help="stop starting new candidates after this long (default 600); rerun to continue")
     p.add_argument("--out", default="tile_table.json", help="the table file (default ./tile_table.json)")
+    p.add_argument("--no-sorted-copy", dest="sorted_copy", action="store_false",
+                   help="leave out the weight-gradient configs that first copy an operand into sorted order "
+                        "(faster at some shapes, but a transient [T*K, D] copy: 1 GiB at 235B-A22B, T=16384)")
     return p
 
 
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     try:
         for precision in precisions:
-            tune((D, H, E, K, T), precision, args.kernels, out, args.budget_seconds, device=device)
+            tune((D, H, E, K, T), precision, args.kernels, out, args.budget_seconds, device=device,
+                 sorted_copy=args.sorted_copy)
     except ValueError as e:
         print(f"titan-megamoe tune: {e}", file=sys.stderr)
         return 2
