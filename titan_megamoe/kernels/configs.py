@@ -68,7 +68,7 @@ ROW_BLOCK_M = 128
 # on the H200 (split dgrad and TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where
 # a tensor does not allow it). Weight gradients: dW2 over the gathered dout (128x256 tiles, s*h through
 # TMA); dW1/dW3 from a sorted copy of x, in one-warpgroup programs, two per multiprocessor (1.80 against
-# 1.98 ms for the gathered x at 30B-A3B; tune_wgrad_sorted_copy_20261204T1528.json)
+# 1.97 ms for the gathered x at 30B-A3B; tune_wgrad_sorted_copy_20261204T1528.json)
 _GPU_DEFAULTS = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 3),
     "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True),
