@@ -83,15 +83,20 @@ def tune(shape: tuple[int, int, int, int, int], precision: str, kernels: list[st
             for r in table["runs"]}
     table["environment"] = _environment(device)
     start = time.monotonic()
-    say(f"[tune] {precision} D={D} H={H} E={E} K={K} T={T}: building the problem and the oracle check")
-    p = problem.make(D, H, E, K, T, precision, device=device)
-    check = LayerCheck(D, H, E, K, precision, device)
+    todo = {kernel: [c for c in candidates.for_kernel(kernel, precision) if sorted_copy or not c.sorted_copy]
+            for kernel in kernels}
+    pending = [(kernel, c) for kernel, cands in todo.items() for c in cands
+               if (precision, tuple(shape), kernel, json.dumps(c.to_record(), sort_keys=True)) not in done]
+    if pending:  # a finished file is only re-read: no problem to build
+        say(f"[tune] {precision} D={D} H={H} E={E} K={K} T={T}: building the problem and the oracle check")
+        p = problem.make(D, H, E, K, T, precision, device=device)
+        check = LayerCheck(D, H, E, K, precision, device)
     stopped = False
     for kernel in kernels:
-        cands = [c for c in candidates.for_kernel(kernel, precision) if sorted_copy or not c.sorted_copy]
+        cands = todo[kernel]
         for i, cfg in enumerate(cands, 1):
             rec = cfg.to_record()
-            if (precision, tuple(shape), kernel, json.dumps(rec, sort_keys=True)) in done:
+            if (kernel, cfg) not in pending:
                 continue
             elapsed = time.monotonic() - start
             if elapsed > budget_s:
