@@ -183,7 +183,8 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
 def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
     """A forced tile config must fit its kernel: row-tiled kernels take the plan's tiles whole or in equal
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
-    for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only for the row-tiled kernels."""
+    for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only
+    for the row-tiled kernels, sorted_copy only for the weight gradients with tma."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 

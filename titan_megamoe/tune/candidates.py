@@ -57,10 +57,11 @@ for _kernel, _configs in _GROUPED.items():
 # weight gradients with the gathered operand copied into sorted order first (`sorted_copy`): both operands
 # through TMA, optionally warp-specialised; dW1/dW3's two accumulators spill at 128 x 256
 SC = dict(tma=True, sorted_copy=True)
-_SORTED_COPY = [C(128, 128, 32, 8, 5, **SC), C(128, 128, 64, 8, 4, **SC), C(128, 128, 64, 8, 3, **SC, warp_specialize=True),
-                C(128, 128, 32, 8, 5, **SC, warp_specialize=True)]
-_SORTED_COPY_WIDE = [C(128, 256, 32, 8, 4, **SC), C(128, 256, 64, 8, 3, **SC), C(128, 256, 64, 8, 3, **SC, warp_specialize=True),
-                     C(128, 256, 32, 8, 4, **SC, warp_specialize=True)]
+SC_WS = dict(SC, warp_specialize=True)
+_SORTED_COPY = [C(128, 128, 32, 8, 5, **SC), C(128, 128, 64, 8, 4, **SC), C(128, 128, 64, 8, 3, **SC_WS),
+                C(128, 128, 32, 8, 5, **SC_WS)]
+_SORTED_COPY_WIDE = [C(128, 256, 32, 8, 4, **SC), C(128, 256, 64, 8, 3, **SC), C(128, 256, 64, 8, 3, **SC_WS),
+                     C(128, 256, 32, 8, 4, **SC_WS)]
 # one-warpgroup programs (64 rows, 4 warps): small enough in registers and shared memory for two per
 # multiprocessor, so one's epilogue and pipeline fill overlap the other's MMAs (an expert's reduction is
 # short: ~1024 rows at the Qwen3 shapes)

@@ -85,8 +85,8 @@ def tune(shape: tuple[int, int, int, int, int], precision: str, kernels: list[st
     start = time.monotonic()
     todo = {kernel: [c for c in candidates.for_kernel(kernel, precision) if sorted_copy or not c.sorted_copy]
             for kernel in kernels}
-    pending = [(kernel, c) for kernel, cands in todo.items() for c in cands
-               if (precision, tuple(shape), kernel, json.dumps(c.to_record(), sort_keys=True)) not in done]
+    pending = {(kernel, c) for kernel, cands in todo.items() for c in cands
+               if (precision, tuple(shape), kernel, json.dumps(c.to_record(), sort_keys=True)) not in done}
     if pending:  # a finished file is only re-read: no problem to build
         say(f"[tune] {precision} D={D} H={H} E={E} K={K} T={T}: building the problem and the oracle check")
         p = problem.make(D, H, E, K, T, precision, device=device)
