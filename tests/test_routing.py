@@ -101,3 +101,35 @@ def test_plan_for_local_experts_of_a_rank(source):
     bad = ids.clone()
     bad.view(-1)[0] = first - 1
     assert int(build_routing_plan(bad, local, 16, first_expert=first).ids_ok) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("T,E,K,D,source", [(1, 4, 1, 8, "gather"), (37, 5, 3, 40, "gather"), (300, 16, 8, 72, "gather"),
+                                            (90, 6, 1, 24, "contiguous"), (0, 4, 2, 16, "gather")])
+def test_sorted_rows_kernel_equals_the_gather(T, E, K, D, source, dtype):
+    """`kernels.sorted_rows` (each source row read once, written to its K sorted positions) holds exactly
+    what the oracle's gather `RoutingPlan.sorted_source_rows` holds, skewed routing, odd sizes, a strided
+    source (a column slice), K = 1 and no rows at all included."""
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+    from titan_megamoe.kernels.sorted_rows import sorted_rows
+
+    gen = torch.Generator().manual_seed(T + D)
+    ids = make_ids(T, E, K, "skewed", gen)
+    if source == "contiguous":
+        ids = ids.reshape(-1)
+    rows = T * K if source == "contiguous" else T
+    wide = torch.randn(rows, D + 8, generator=gen).to(dtype)
+    src = wide[:, 3:3 + D].to(DEVICE)  # row stride D + 8, not contiguous
+    plan = build_routing_plan(ids.to(DEVICE), E, 16)
+    got = sorted_rows(src, plan)
+    assert got.shape == (T * K, D) and got.dtype == dtype
+    assert torch.equal(got, plan.sorted_source_rows(src))
+
+
+def test_experts_by_load_is_heaviest_first_and_computed_once():
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    ids = torch.tensor([[2, 0], [2, 1], [2, 0], [3, 2]], device=DEVICE)  # counts 2, 1, 4, 1
+    plan = build_routing_plan(ids, 4, 16)
+    assert plan.experts_by_load.tolist() == [2, 0, 1, 3] and plan.experts_by_load.dtype == torch.int32
+    assert plan.experts_by_load is plan.experts_by_load

@@ -19,6 +19,7 @@ saves for the backward as one tensor; `RoutingPlan.from_packed` rebuilds the vie
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -86,9 +87,16 @@ class RoutingPlan:
     def rows_per_token(self) -> int:
         return self.layout.rows_per_token
 
+    @functools.cached_property
+    def experts_by_load(self) -> torch.Tensor:
+        """int32 [E]: local experts, most rows first (stable), on the device: the weight-gradient kernels
+        start their programs on the heaviest experts. Computed once per plan object (both weight
+        gradients of a backward share it)."""
+        return torch.argsort(self.offsets_E1[1:] - self.offsets_E1[:-1], descending=True, stable=True).to(torch.int32)
+
     def sorted_source_rows(self, rows_RD: torch.Tensor) -> torch.Tensor:
         """The source rows of this plan's rows in expert-sorted order, [N, D]: sorted position p holds
-        row order[p] // K of rows_RD (a copy that a kernel can read through TMA instead of gathering)."""
+        row order[p] // K of rows_RD (the oracle of `kernels.sorted_rows`, which reads each source row once)."""
         src = self.order_N if self.rows_per_token == 1 else torch.div(self.order_N, self.rows_per_token,
                                                                       rounding_mode="floor")
         return rows_RD.index_select(0, src)

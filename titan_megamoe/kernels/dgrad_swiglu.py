@@ -43,6 +43,7 @@ from .epilogue import dswiglu, dswiglu_values_bf16, store_rows_fp8, store_sorted
 from .grouped_gemm import expert_h_grad
 from .mainloop import row_mainloop
 from .schedule import row_tile
+from .sorted_rows import sorted_rows
 
 # the FP8 dSwiGLU program's warps: on the H200 16 were fastest, 1.32 ms at 30B-A3B T=16384 against 2.04 with
 # 8, though sm_90's compile spills at both (docs/results/tune_logs/2026-12-04_fp8_dswiglu_modes_3a5e4c7.log)
@@ -147,7 +148,9 @@ def _dswiglu_fp8_kernel(
     tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
 
 
-_ROWS_BLOCK_M, _ROWS_BLOCK_N = 64, 128
+# 32 x 128 at 8 warps: 0.32 ms against 0.41 for 64 x 128 at Qwen3-30B-A3B T=16384 (0.62 / 0.80 at
+# 235B-A22B), the fastest of 32/64/128 rows x 64/128/256 columns x 4/8 warps on the H200 (docs/kernels.md)
+_ROWS_BLOCK_M, _ROWS_BLOCK_N = 32, 128
 
 
 def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, precision: str):
@@ -171,7 +174,7 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
     if gathered_first:
         # dout's rows copied into sorted order, then q = dout W2_e by the grouped GEMM with both operands
         # through TMA, stored in dg's buffer like the fused kernel's q; the rows kernel below takes it on
-        dout_sorted = plan.sorted_source_rows(dout_RD)
+        dout_sorted = sorted_rows(dout_RD, plan)
         dg = expert_h_grad(dout_sorted, w2_EDH, plan, g_NH.dtype, precision)
         del dout_sorted
         du, hs = (new_output((N, H), g_NH.dtype, g_NH.device) for _ in range(2))

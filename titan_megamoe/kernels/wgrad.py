@@ -35,6 +35,7 @@ from .common import INTERPRET, cast_rne, new_output, tma_ok
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
 from .schedule import expert_output_tile
+from .sorted_rows import sorted_rows
 
 
 @triton.jit
@@ -113,13 +114,12 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
     dual = a2 is not None
     a2 = a2 if dual else a
     offsets = plan.offsets_E1
-    expert_slot = _expert_slots(offsets)
     gathered = (a if a_gather else b) if not cfg.sorted_copy else None
     if cfg.sorted_copy:  # the gathered operand copied into sorted order: nothing is gathered in the kernel
         if a_gather:
-            a = a2 = plan.sorted_source_rows(a)
+            a = a2 = sorted_rows(a, plan)
         else:
-            b = plan.sorted_source_rows(b)
+            b = sorted_rows(b, plan)
     sorted_ops = [t for t in (a, a2, b) if t is not gathered]
     sorted_tma = cfg.tma and tma_ok(*sorted_ops)
     stride_a, stride_b = a.stride(0), b.stride(0)
@@ -132,7 +132,7 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _expert_wgrad_kernel[grid](
-        a, a2, b, plan.order_N, offsets, expert_slot, c, c2, M, N, stride_a, stride_b, c.stride(0), c.stride(1),
+        a, a2, b, plan.order_N, offsets, plan.experts_by_load, c, c2, M, N, stride_a, stride_b, c.stride(0), c.stride(1),
         TOP_K=plan.rows_per_token, A_GATHER=gathered is a, B_GATHER=gathered is b, DUAL=dual,
         EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, SORTED_TMA=sorted_tma,
         WS=sorted_tma and cfg.warp_specialize and gathered is None, INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn,
@@ -175,11 +175,6 @@ def expert_wgrad_w13(dg_NH, du_NH, x_RD, plan: RoutingPlan, out_dtype, precision
 # ------------------------------------------------------------------------------------------------
 # Block FP8: operands in the token-tile layout
 # ------------------------------------------------------------------------------------------------
-
-
-def _expert_slots(offsets: torch.Tensor) -> torch.Tensor:
-    """Experts heaviest first (on device): program slot -> expert."""
-    return torch.argsort(offsets[1:] - offsets[:-1], descending=True, stable=True).to(torch.int32)
 
 
 def _check_token_tiles(name: str, q: BlockScaled, rows: "int | None", plan: RoutingPlan, device) -> int:
@@ -232,7 +227,7 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _expert_wgrad_fp8_kernel[grid](
-        *srcs, a.scale, a2.scale, b.scale, plan.offsets_E1, _expert_slots(plan.offsets_E1), c, c2, M, N,
+        *srcs, a.scale, a2.scale, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,
         a.data.stride(0), b.data.stride(0), a.scale.stride(0), b.scale.stride(0), c.stride(0), c.stride(1),
         DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, TMA=tma,
         INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,

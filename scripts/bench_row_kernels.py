@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The bandwidth-bound row kernels of the backward, alone, on the GPU (needs CUDA).
+
+1. Sorted copies (`kernels.sorted_rows`, one read of each source row) against the gather they replaced
+   (`RoutingPlan.sorted_source_rows`, one `index_select`): equal results asserted, then timed.
+2. dgrad's elementwise dSwiGLU (`_dswiglu_rows_kernel`) over a grid of row/column blocks and warps; every
+   variant's dg, du, s*h asserted bitwise equal to the first one's (ds partial sums are split by the
+   column block, so only their totals are compared, to fp32 rounding).
+
+Times are `triton.testing.do_bench` medians in microseconds. Writes JSON (environment, rows) to --out.
+
+    python scripts/bench_row_kernels.py --out docs/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_layer import environment  # noqa: E402
+
+COPY_SHAPES = [(16384, 2048, 128, 8), (16384, 4096, 128, 8), (8192, 4096, 8, 2), (512, 2048, 128, 8)]  # T, D, E, K
+DSWIGLU_SHAPES = [(131072, 768), (131072, 1536), (16384, 14336), (4096, 768)]  # N, H
+
+
+def bench_copies(do_bench):
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+    from titan_megamoe.kernels.sorted_rows import sorted_rows
+
+    rows = []
+    for T, D, E, K in COPY_SHAPES:
+        ids = torch.randn(T, E, device="cuda").topk(K, dim=1).indices
+        plan = build_routing_plan(ids, E, 128)
+        x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(plan.sorted_source_rows(x), sorted_rows(x, plan))
+        gather_us = do_bench(lambda: plan.sorted_source_rows(x), warmup=10, rep=100) * 1e3
+        copy_us = do_bench(lambda: sorted_rows(x, plan), warmup=10, rep=100) * 1e3
+        gb = (T * K * D + T * D) * 2 / 1e9  # one read of x, one write of the copy
+        rows.append({"T": T, "D": D, "E": E, "K": K, "index_select_us": gather_us, "sorted_rows_us": copy_us,
+                     "sorted_rows_gb_per_s": gb / (copy_us * 1e-6)})
+        print(f"sorted copy T={T} D={D} E={E} K={K}: index_select {gather_us:.1f} us, sorted_rows {copy_us:.1f} us "
+              f"({rows[-1]['sorted_rows_gb_per_s']:.0f} GB/s)", flush=True)
+    return rows
+
+
+def bench_dswiglu_rows(do_bench):
+    import triton
+
+    from titan_megamoe.kernels.dgrad_swiglu import _ROWS_BLOCK_M, _ROWS_BLOCK_N, _dswiglu_rows_kernel
+
+    rows = []
+    for N, H in DSWIGLU_SHAPES:
+        q = torch.randn(N, H, device="cuda", dtype=torch.bfloat16)
+        g, u = torch.randn_like(q), torch.randn_like(q)
+        s = torch.rand(N, device="cuda")
+        order = torch.randperm(N, device="cuda", dtype=torch.int32)
+        ref, times = None, {}
+        for bm, bn, nw in itertools.product((32, 64, 128), (64, 128, 256), (4, 8)):
+            if bm * bn > 128 * 128:
+                continue
+            num_n = triton.cdiv(H, bn)
+            dg, du, hs = (torch.empty_like(q) for _ in range(3))
+            ds = torch.empty(N, num_n, device="cuda")
+
+            def run():
+                dg.copy_(q)  # the kernel reads q from dg's buffer and overwrites it
+                _dswiglu_rows_kernel[(triton.cdiv(N, bm) * num_n,)](dg, g, u, s, order, dg, du, hs, ds, N, H, BLOCK_M=bm,
+                                                                    BLOCK_N=bn, INTERPRET=False, num_warps=nw)
+            run()
+            out = (dg.clone(), du.clone(), hs.clone(), ds.sum(1))
+            if ref is None:
+                ref = out
+            assert all(torch.equal(a, b) for a, b in zip(out[:3], ref[:3])), (bm, bn, nw)
+            torch.testing.assert_close(out[3], ref[3], rtol=1e-4, atol=1e-3)
+            copy_ms = do_bench(lambda: dg.copy_(q), warmup=5, rep=50)
+            times[f"{bm}x{bn}w{nw}"] = (do_bench(run, warmup=5, rep=50) - copy_ms) * 1e3
+        gb = 6 * N * H * 2 / 1e9  # q, g, u read; dg, du, s*h written
+        best = min(times, key=times.get)
+        shipped = f"{_ROWS_BLOCK_M}x{_ROWS_BLOCK_N}w8"  # the launcher runs 8 warps
+        rows.append({"N": N, "H": H, "us": times, "best": best, "shipped": shipped,
+                     "shipped_gb_per_s": gb / (times[shipped] * 1e-6)})
+        print(f"dswiglu rows N={N} H={H}: shipped {shipped} {times[shipped]:.1f} us "
+              f"({rows[-1]['shipped_gb_per_s']:.0f} GB/s), 64x128w8 {times['64x128w8']:.1f}, "
+              f"best {best} {times[best]:.1f}", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="docs/results")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_row_kernels.py needs a CUDA GPU")
+    from triton.testing import do_bench
+
+    torch.manual_seed(0)
+    result = {"environment": environment(), "sorted_copies": bench_copies(do_bench),
+              "dswiglu_rows": bench_dswiglu_rows(do_bench)}
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"bench_row_kernels_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
