@@ -71,8 +71,9 @@ def bench_dswiglu_rows(do_bench):
 
             def run():
                 dg.copy_(q)  # the kernel reads q from dg's buffer and overwrites it
-                _dswiglu_rows_kernel[(triton.cdiv(N, bm) * num_n,)](dg, g, u, s, order, dg, du, hs, ds, N, H, BLOCK_M=bm,
-                                                                    BLOCK_N=bn, INTERPRET=False, num_warps=nw)
+                _dswiglu_rows_kernel[(triton.cdiv(N, bm) * num_n,)](dg, g, u, s, order, dg, du, hs, ds, N, H,
+                                                                    BLOCK_M=bm, BLOCK_N=bn, INTERPRET=False,
+                                                                    num_warps=nw)
             run()
             out = (dg.clone(), du.clone(), hs.clone(), ds.sum(1))
             if ref is None:

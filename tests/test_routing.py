@@ -104,8 +104,9 @@ def test_plan_for_local_experts_of_a_rank(source):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("T,E,K,D,source", [(1, 4, 1, 8, "gather"), (37, 5, 3, 40, "gather"), (300, 16, 8, 72, "gather"),
-                                            (90, 6, 1, 24, "contiguous"), (0, 4, 2, 16, "gather")])
+@pytest.mark.parametrize("T,E,K,D,source", [(1, 4, 1, 8, "gather"), (37, 5, 3, 40, "gather"),
+                                            (300, 16, 8, 72, "gather"), (90, 6, 1, 24, "contiguous"),
+                                            (0, 4, 2, 16, "gather")])
 def test_sorted_rows_kernel_equals_the_gather(T, E, K, D, source, dtype):
     """`kernels.sorted_rows` (each source row read once, written to its K sorted positions) holds exactly
     what the oracle's gather `RoutingPlan.sorted_source_rows` holds, skewed routing, odd sizes, a strided

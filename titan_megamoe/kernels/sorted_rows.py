@@ -1,10 +1,11 @@
 """The plan's source rows copied into expert-sorted order, read once each.
 
-`RoutingPlan.sorted_source_rows` (one `index_select`, the oracle of this kernel) gathers: sorted position p
-reads token order[p] // K, so every token row is read K times, from rows scattered over the source (at Qwen3-30B-A3B T=16384 the
-512 MiB copy took 0.26 ms on the H200, profile of cd09d8f). Here each program reads a block of source rows once and writes each to its K sorted positions
-(`inv_N[t*K + k]`): one read of the source and one write of the copy. Weight gradients that read an
-operand through TMA (`TileConfig.sorted_copy`) and dgrad's gathered-first split take their copy here.
+`RoutingPlan.sorted_source_rows` (one `index_select`, the oracle of this kernel) gathers: sorted position
+p reads token order[p] // K, so every token row is read K times, from rows scattered over the source (at
+Qwen3-30B-A3B T=16384 the 512 MiB copy took 0.26 ms on the H200, profile of cd09d8f). Here each program
+reads a block of source rows once and writes each to its K sorted positions (`inv_N[t*K + k]`): one read
+of the source and one write of the copy. Weight gradients that read an operand through TMA
+(`TileConfig.sorted_copy`) and dgrad's gathered-first split take their copy here.
 """
 
 from __future__ import annotations
