@@ -524,6 +524,12 @@ def environment(device_name=None):
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "argv": sys.argv}
 
 
+def result_path(out_dir, prefix):
+    """Where a run writes its JSON: <out_dir>/<prefix>_<UTC time>.json (the folder made if needed)."""
+    os.makedirs(out_dir, exist_ok=True)
+    return os.path.join(out_dir, f"{prefix}_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json")
+
+
 def progress_line(prefix, r):
     """One short line per row."""
     if "skipped" in r or "failed" in r:
@@ -608,9 +614,7 @@ def main():
         from titan_megamoe.kernels import configs
 
         env["tile_table"] = configs.use_tile_table(a.tile_table)
-    os.makedirs(a.out, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    path = os.path.join(a.out, f"bench_layer_{stamp}.json")
+    path = result_path(a.out, "bench_layer")
     results, not_run = [], []
     start = clock()
 

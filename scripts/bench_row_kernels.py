@@ -15,7 +15,6 @@ Times are `triton.testing.do_bench` medians in microseconds. Writes JSON (enviro
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import itertools
 import json
 import os
@@ -24,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_layer import environment  # noqa: E402
+from bench_layer import environment, result_path  # noqa: E402
 
 COPY_SHAPES = [(16384, 2048, 128, 8), (16384, 4096, 128, 8), (8192, 4096, 8, 2), (512, 2048, 128, 8)]  # T, D, E, K
 DSWIGLU_SHAPES = [(131072, 768), (131072, 1536), (16384, 14336), (4096, 768)]  # N, H
@@ -104,8 +103,7 @@ def main():
     torch.manual_seed(0)
     result = {"environment": environment(), "sorted_copies": bench_copies(do_bench),
               "dswiglu_rows": bench_dswiglu_rows(do_bench)}
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"bench_row_kernels_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json")
+    path = result_path(a.out, "bench_row_kernels")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {path}")

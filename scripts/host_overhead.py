@@ -13,7 +13,6 @@ whole layer. Prints microseconds per call (median of --repeats blocks of --calls
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import statistics
@@ -23,7 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_layer import build_layers, environment  # noqa: E402
+from bench_layer import build_layers, environment, result_path  # noqa: E402
 
 
 def host_us(fn, calls, repeats):
@@ -106,8 +105,7 @@ def main():
     stock, fused, x = build_layers(a.tokens, D, H, E, K, "softmax")
     rows = {name: host_us(fn, a.calls, a.repeats) for name, fn in stages(stock, fused, x).items()}
     env = environment()
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"host_overhead_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json")
+    path = result_path(a.out, "host_overhead")
     with open(path, "w") as f:
         json.dump({"environment": env, "tokens": a.tokens, "shape": a.shape, "host_us_per_call": rows}, f, indent=1)
     print(f"wrote {path}\n{env['gpu']}  torch {env['torch']}  commit {env['commit']}  T={a.tokens} D,H,E,K={a.shape}")
