@@ -95,8 +95,30 @@ def bench_section(path: Path) -> list[str]:
     return lines + [""]
 
 
+def ab_rounds_section(path: Path, data: dict) -> list[str]:
+    """A `titan-megamoe ab --rounds N` summary: one line per round and the spread."""
+    env = data.get("environment") or {}
+    git = env.get("git") or {}
+    base, cand = data["arm_order"]
+    lines = [f"### {path.parent.name}", "",
+             f"{env.get('device')}, torch {(env.get('versions') or {}).get('torch')}, commit "
+             f"{(git.get('commit') or '?')[:10]}, {env.get('date')}; `{Path(data['config']).name}`, {data['steps']} "
+             f"steps, warm-up {data['warmup']}, deterministic {data['deterministic']}, {data['rounds_run']} rounds",
+             "", *_note(path)]
+    for r in data["per_round"]:
+        lines.append(f"- round {r['round']} ({(r.get('run_order') or ['?'])[0]} first): speedup "
+                     + (f"{r['speedup']:.3f}x" if r.get("speedup") else "-") + ", loss |diff| max "
+                     + (f"{r['loss_diff_max']:.5f}" if r.get("loss_diff_max") is not None else "-"))
+    s = data.get("speedup")
+    if s:
+        lines.append(f"- speedup ({base} / {cand}): median {s['median']:.3f}x, min {s['min']:.3f}x, max {s['max']:.3f}x")
+    return lines + [f"- summary: [{path.parent.name}/ab.md]({path.parent.name}/ab.md)", ""]
+
+
 def ab_section(path: Path) -> list[str]:
     data = json.loads(path.read_text())
+    if "per_round" in data:
+        return ab_rounds_section(path, data)
     cmp_, env = data["comparison"], data["environment"]
     ratios, loss = cmp_["ratios_mega_over_stock"], cmp_["loss_diff"]
     base, cand = cmp_.get("baseline", "stock"), cmp_.get("candidate", "mega_moe")

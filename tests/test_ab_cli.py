@@ -215,6 +215,47 @@ def test_fake_trainer_arm_failure(fake_trainer, tmp_path, capsys):
     assert "FAILED" in captured.out
 
 
+def test_rounds_alternate_the_first_arm_and_report_the_spread(fake_trainer, tmp_path, capsys):
+    """--rounds 3: three full A/Bs in round_1..3, stock first in rounds 1 and 3, mega_moe first in round 2;
+    the top-level ab.json/ab.md hold every round's speedup and loss difference and their spread."""
+    out = tmp_path / "out"
+    rc = ab_cli.main(["--config", str(fake_trainer), "--steps", "3", "--warmup", "1", "--out", str(out),
+                      "--rounds", "3"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    for i in (1, 2, 3):
+        check_outputs(out / f"round_{i}", 3)
+    orders = [json.loads((out / f"round_{i}" / "ab.json").read_text())["run_order"] for i in (1, 2, 3)]
+    assert orders == [["stock", "mega_moe"], ["mega_moe", "stock"], ["stock", "mega_moe"]]
+    # the roles stay: every round compares mega_moe against stock, whichever ran first
+    assert all(json.loads((out / f"round_{i}" / "ab.json").read_text())["arm_order"] == ["stock", "mega_moe"]
+               for i in (1, 2, 3))
+    summary = json.loads((out / "ab.json").read_text())
+    assert summary["ok"] is True and summary["rounds"] == summary["rounds_run"] == 3
+    speedups = [r["speedup"] for r in summary["per_round"]]
+    assert all(math.isfinite(v) and v > 0 for v in speedups)
+    assert summary["speedup"]["n"] == 3 and summary["speedup"]["min"] == min(speedups)
+    assert summary["speedup"]["max"] == max(speedups) and summary["speedup"]["median"] == sorted(speedups)[1]
+    assert [r["loss_diff_max"] for r in summary["per_round"]] == [pytest.approx(0.001)] * 3
+    assert [r["dir"] for r in summary["per_round"]] == ["round_1", "round_2", "round_3"]
+    md = (out / "ab.md").read_text()
+    assert "| 2 | mega_moe |" in md and "over 3 rounds" in md
+    assert "speedup (stock step time / mega_moe step time): median" in captured.out
+    assert "round 2/3" in captured.out
+
+
+def test_rounds_with_a_failing_round_fail_the_ab(fake_trainer, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = ab_cli.main(["--config", str(fake_trainer), "--steps", "2", "--warmup", "0", "--out", str(out),
+                      "--rounds", "2", "--", "--mega_moe.precision", "fp8"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    summary = json.loads((out / "ab.json").read_text())
+    assert summary["ok"] is False and [r["ok"] for r in summary["per_round"]] == [False, False]
+    assert summary["speedup"] is None  # no round compared both arms
+    assert "titan-megamoe ab: round 2: [mega_moe] FAILED (exit code 1)" in captured.err
+
+
 def test_usage_errors(tmp_path, capsys):
     assert ab_cli.main(["--config", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "o")]) == 2
     assert "not found" in capsys.readouterr().err
@@ -226,6 +267,9 @@ def test_usage_errors(tmp_path, capsys):
         ab_cli.main(["--steps", "3", "--warmup", "3"])
     with pytest.raises(SystemExit):
         ab_cli.main(["--training.steps", "3"])  # overrides belong after --
+    with pytest.raises(SystemExit):
+        ab_cli.main(["--rounds", "0", "--out", str(tmp_path / "o")])
+    assert "--rounds must be >= 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

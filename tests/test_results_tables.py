@@ -37,3 +37,21 @@ def test_committed_results_readme_is_the_generators_output(tmp_path, monkeypatch
         "docs/results/README.md differs from scripts/results_tables.py's output: regenerate it")
     head = (RESULTS / "README.md").read_text().splitlines()[3]
     assert "No commit in:" in head and "tune_4096x1536_20261203T065744.json" in head
+
+
+def test_a_rounds_ab_gets_one_line_per_round_and_the_spread(tmp_path):
+    """An `ab --rounds` summary (titan_megamoe.ab.stats.rounds_summary's shape) in docs/results."""
+    run = tmp_path / "ab_x_rounds"
+    run.mkdir()
+    per_round = [{"round": i, "run_order": order, "speedup": v, "loss_diff_max": 0.01 * i}
+                 for i, (order, v) in enumerate([(["stock", "mega_moe"], 1.30), (["mega_moe", "stock"], 1.32)], 1)]
+    (run / "ab.json").write_text(json.dumps({
+        "config": "/x/qwen3_30b_a3b_1gpu.toml", "steps": 50, "warmup": 5, "deterministic": False, "rounds_run": 2,
+        "arm_order": ["stock", "mega_moe"], "per_round": per_round,
+        "speedup": {"median": 1.31, "min": 1.30, "max": 1.32, "n": 2},
+        "environment": {"device": "NVIDIA H200", "versions": {"torch": "2.11.0"}, "git": {"commit": "f85db02"},
+                        "date": "2026-12-04"}}))
+    text = "\n".join(load_tables().ab_section(run / "ab.json"))
+    assert "commit f85db02" in text and "2 rounds" in text
+    assert "- round 2 (mega_moe first): speedup 1.320x, loss |diff| max 0.02000" in text
+    assert "median 1.310x, min 1.300x, max 1.320x" in text

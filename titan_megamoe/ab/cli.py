@@ -15,6 +15,11 @@ loss or grad_norm turns NaN/inf fails the A/B (exit 1, naming the arm and the fi
 adds overrides to the second arm only, e.g. mega_moe bf16 vs fp8): without them the loss difference and
 step-time ratio of that pair are the run-to-run noise floor against which a stock-vs-mega_moe A/B
 (especially one without --debug.deterministic) can be read. The second arm is then named `<kind>_repeat`.
+
+`--rounds N` runs the pair N times, each round in `round_<i>/` with its own logs and reports, the arm that
+runs first alternating between rounds (a drift of the machine then falls on both arms alike). The top level
+gets the summary (ab.json, ab.md): each round's step-time speedup and loss difference, and their median,
+min and max, which is what one run's ratio should be read against.
 """
 
 from __future__ import annotations
@@ -30,8 +35,8 @@ from .arm import ArmResult, python_module_command, run_arm
 from .differences import describe, differences, mega_moe_settings
 from .environment import environment
 from .plot import plot_ab
-from .report import format_table, write_json, write_markdown
-from .stats import compare, loss_difference, summarize_arm
+from .report import format_rounds, format_table, write_json, write_markdown
+from .stats import compare, loss_difference, rounds_summary, summarize_arm
 
 DEFAULT_STEPS = 12
 DEFAULT_WARMUP = 2
@@ -70,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"first steps left out of the timing statistics (default {DEFAULT_WARMUP})",
     )
     p.add_argument("--out", default="ab_out", help="output directory (default ./ab_out)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the pair this many times, alternating which arm runs first; the summary gives "
+                   "every round's speedup and their spread (default 1)")
     p.add_argument("--nproc", type=int, default=None, help="processes per arm, passed to `titan-megamoe train`")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"--debug.seed of both arms (default {DEFAULT_SEED})")
     p.add_argument(
@@ -255,53 +263,9 @@ def _failure_cause(result: ArmResult) -> str:
     return cause or "no error message in the log"
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ours, overrides = _split_overrides(argv)
-    parser = build_parser()
-    try:
-        ours, arm_args = take_arm_args(ours)
-    except ValueError as e:
-        parser.error(str(e))
-    args, unknown = parser.parse_known_args(ours)
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)} (TorchTitan overrides go after `--`)")
-    if args.steps < 1 or args.warmup < 0 or args.warmup >= args.steps:
-        parser.error(f"need --steps >= 1 and 0 <= --warmup < --steps (got steps {args.steps}, warmup {args.warmup})")
-    if args.nproc is not None and args.nproc < 1:
-        parser.error("--nproc must be >= 1")
-    try:
-        arms = parse_arms(args.arms)
-    except ValueError as e:
-        parser.error(str(e))
-    if arm_args["repeat"] and not arms[1][0].endswith("_repeat"):
-        parser.error(f"--repeat-args needs one kind twice in --arms (e.g. mega_moe,mega_moe), got {args.arms!r}")
-    try:
-        config_path = cfg.resolve_config_path(args.config)
-        arm_values = {}
-        for arm, mega in arms:
-            arm_overrides = overrides + own_overrides(arm_args, arm, mega)
-            keys = {k for k, _ in cfg.parse_overrides(arm_overrides)}
-            for key, why in RESERVED.items():
-                if key in keys:
-                    raise cfg.ConfigError(f"override --{key} is not allowed here: {why}")
-            arm_values[arm] = cfg.load_config(config_path, arm_overrides)
-            _check_mega_moe(arm_values[arm], arm)
-    except cfg.ConfigError as e:
-        print(f"titan-megamoe ab: {e}", file=sys.stderr)
-        return 2
-
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        print(f"titan-megamoe ab: --out {out} is an existing file, not a directory; "
-              f"pass a new or existing directory (e.g. --out {out}_ab)", file=sys.stderr)
-        return 2
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        print(f"titan-megamoe ab: cannot create --out {out}: {e.strerror or e}; pass a writable directory",
-              file=sys.stderr)
-        return 2
+def _run_round(args, argv, config_path: Path, overrides, arm_args, arm_values, arms, run_order, out: Path):
+    """Train both arms once, in `run_order`, into `out`; write ab.json, ab.md, ab.png there and print the
+    table. Returns (record, error lines, interrupted)."""
     results: list[tuple[ArmResult, bool]] = []
     interrupted = False
 
@@ -310,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        for arm, mega in arms:
+        for arm, mega in run_order:
             command = arm_command(args, config_path, out, arm, mega, overrides + own_overrides(arm_args, arm, mega))
             result = run_arm(arm, command, out / f"{arm}.log", args.steps)
             results.append((result, mega))
@@ -332,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "deterministic": args.deterministic,
         "overrides": overrides,
-        "arm_order": [name for name, _ in arms],
+        "arm_order": [name for name, _ in arms],  # (baseline, candidate): the report's roles
+        "run_order": [name for name, _ in run_order],
         "interrupted": interrupted,
         "arms": {
             r.name: _arm_record(r, args, arm_values[r.name], mega, out, own_overrides(arm_args, r.name, mega))
@@ -370,6 +335,80 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {out / 'ab.json'}, {out / 'ab.md'}, {out / 'ab.png'}, arm logs in {out}\n")
     print(format_table(record))
     sys.stdout.flush()
+    return record, errors, interrupted
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, overrides = _split_overrides(argv)
+    parser = build_parser()
+    try:
+        ours, arm_args = take_arm_args(ours)
+    except ValueError as e:
+        parser.error(str(e))
+    args, unknown = parser.parse_known_args(ours)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (TorchTitan overrides go after `--`)")
+    if args.steps < 1 or args.warmup < 0 or args.warmup >= args.steps:
+        parser.error(f"need --steps >= 1 and 0 <= --warmup < --steps (got steps {args.steps}, warmup {args.warmup})")
+    if args.nproc is not None and args.nproc < 1:
+        parser.error("--nproc must be >= 1")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    try:
+        arms = parse_arms(args.arms)
+    except ValueError as e:
+        parser.error(str(e))
+    if arm_args["repeat"] and not arms[1][0].endswith("_repeat"):
+        parser.error(f"--repeat-args needs one kind twice in --arms (e.g. mega_moe,mega_moe), got {args.arms!r}")
+    try:
+        config_path = cfg.resolve_config_path(args.config)
+        arm_values = {}
+        for arm, mega in arms:
+            arm_overrides = overrides + own_overrides(arm_args, arm, mega)
+            keys = {k for k, _ in cfg.parse_overrides(arm_overrides)}
+            for key, why in RESERVED.items():
+                if key in keys:
+                    raise cfg.ConfigError(f"override --{key} is not allowed here: {why}")
+            arm_values[arm] = cfg.load_config(config_path, arm_overrides)
+            _check_mega_moe(arm_values[arm], arm)
+    except cfg.ConfigError as e:
+        print(f"titan-megamoe ab: {e}", file=sys.stderr)
+        return 2
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"titan-megamoe ab: --out {out} is an existing file, not a directory; "
+              f"pass a new or existing directory (e.g. --out {out}_ab)", file=sys.stderr)
+        return 2
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"titan-megamoe ab: cannot create --out {out}: {e.strerror or e}; pass a writable directory",
+              file=sys.stderr)
+        return 2
+    records, errors, interrupted = [], [], False
+    round_dirs = [out] if args.rounds == 1 else [out / f"round_{i}" for i in range(1, args.rounds + 1)]
+    for i, round_out in enumerate(round_dirs):
+        if args.rounds > 1:
+            round_out.mkdir(parents=True, exist_ok=True)
+            print(f"\n== titan-megamoe ab: round {i + 1}/{args.rounds}", flush=True)
+        run_order = arms if i % 2 == 0 else arms[::-1]  # alternate which arm runs first
+        record, round_errors, interrupted = _run_round(args, argv, config_path, overrides, arm_args, arm_values, arms,
+                                                       run_order, round_out)
+        records.append(record)
+        errors += [f"round {i + 1}: {e}" if args.rounds > 1 else e for e in round_errors]
+        if interrupted:
+            break
+    ok = all(r["ok"] for r in records) and not interrupted
+    if args.rounds > 1:
+        summary = rounds_summary(records, [str(d.relative_to(out)) for d in round_dirs[:len(records)]], args.rounds)
+        summary.update(tool="titan-megamoe ab", argv=argv, ok=ok)
+        write_json(summary, out / "ab.json")
+        (out / "ab.md").write_text(format_rounds(summary, markdown=True))
+        print(f"\nwrote {out / 'ab.json'}, {out / 'ab.md'}; each round's reports in {out}/round_<i>/\n")
+        print(format_rounds(summary))
+        sys.stdout.flush()
     for line in errors:
         print(f"titan-megamoe ab: {line}", file=sys.stderr)
     if interrupted:

@@ -232,3 +232,39 @@ def write_json(record: dict, path: Path) -> None:
 
 def write_markdown(record: dict, path: Path) -> None:
     path.write_text(format_markdown(record))
+
+
+def format_rounds(summary: dict, markdown: bool = False) -> str:
+    """A `--rounds` A/B: one row per round and the spread over the rounds (console text or ab.md)."""
+    base, cand = summary["arm_order"]
+    label = _ratio_label(base, cand)
+    head = ["round", "ran first", f"{base} step s", f"{cand} step s", "speedup", f"tok/s {label}",
+            "max loss diff", "ok"]
+    rows = [[str(r["round"]), (r.get("run_order") or ["?"])[0], _fmt(r["step_time_s"].get(base), "{:.4f}"),
+             _fmt(r["step_time_s"].get(cand), "{:.4f}"), _fmt(r["speedup"], "{:.3f}x"), _fmt(r["tps_ratio"], "{:.3f}"),
+             _fmt(r["loss_diff_max"], "{:.5f}"), "yes" if r["ok"] else "NO"] for r in summary["per_round"]]
+    env = summary.get("environment") or {}
+    title = (f"titan-megamoe A/B, {summary['rounds_run']} of {summary['rounds']} rounds: {base} vs {cand}; "
+             f"config {summary['config']}, {summary['steps']} steps, warm-up {summary['warmup']}, "
+             f"deterministic {summary['deterministic']}; device {_device(env) if env else '?'}, "
+             f"commit {commit_text(env) if env else '?'}")
+    notes = []
+    for key, what, spec in (("speedup", f"speedup ({base} step time / {cand} step time)", "{:.3f}x"),
+                            ("tps_ratio", f"tokens/s {label}", "{:.3f}"),
+                            ("loss_diff_max", f"loss |{cand} - {base}| max per round", "{:.5f}")):
+        s = summary.get(key)
+        if s:
+            notes.append(f"{what}: median {spec.format(s['median'])}, min {spec.format(s['min'])}, "
+                         f"max {spec.format(s['max'])} over {s['n']} rounds")
+    if summary.get("arms_differ_in"):
+        notes.append(f"arms differ in: {summary['arms_differ_in']}")
+    notes.append("each round's full table, settings and logs: its folder (" +
+                 ", ".join(r["dir"] for r in summary["per_round"]) + ")")
+    if markdown:
+        md = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        md += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(md + ["", *[f"- {n}" for n in notes], ""])
+    table = [head, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines = [title, ""] + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
+    return "\n".join(lines + [""] + notes)

@@ -133,3 +133,40 @@ def compare(stock: dict, mega: dict) -> dict:
     ratios = {name: ratio(mega.get(k), stock.get(k)) for name, k in keys.items()}
     st = ratios["step_time"]
     return {"ratios_mega_over_stock": ratios, "speedup": (1 / st) if st else None}
+
+
+def spread(values: Sequence[float | None]) -> dict | None:
+    """median, min and max of the finite values (None when there are none)."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def rounds_summary(records: Sequence[dict], round_dirs: Sequence[str], rounds_asked: int) -> dict:
+    """The summary of a `--rounds` A/B: per round (its folder, which arm ran first, ok, speedup, tokens/s and
+    peak-memory ratios, loss difference) and the spread of each over the rounds that compared both arms."""
+    per_round = []
+    for i, (record, folder) in enumerate(zip(records, round_dirs), 1):
+        comp = record.get("comparison") or {}
+        ratios = comp.get("ratios_mega_over_stock") or {}
+        loss = comp.get("loss_diff") or {}
+        arms = record.get("arms") or {}
+        per_round.append({
+            "round": i, "dir": folder, "run_order": record.get("run_order"), "ok": record.get("ok"),
+            "step_time_s": {name: (a.get("summary") or {}).get("step_time_s") for name, a in arms.items()},
+            "speedup": comp.get("speedup"), "tps_ratio": ratios.get("tps"), "peak_memory_ratio": ratios.get("peak_memory"),
+            "loss_diff_max": loss.get("max_abs"), "loss_diff_mean": loss.get("mean_abs"),
+        })
+    first = records[0]
+    return {
+        "rounds": rounds_asked, "rounds_run": len(records),
+        **{k: first.get(k) for k in ("config", "steps", "warmup", "nproc", "seed", "deterministic", "overrides",
+                                       "arm_order")},
+        "per_round": per_round,
+        "speedup": spread([r["speedup"] for r in per_round]),
+        "tps_ratio": spread([r["tps_ratio"] for r in per_round]),
+        "loss_diff_max": spread([r["loss_diff_max"] for r in per_round]),
+        "arms_differ_in": (first.get("comparison") or {}).get("arms_differ_in"),
+        "environment": records[-1].get("environment"),
+    }
