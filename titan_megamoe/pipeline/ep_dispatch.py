@@ -84,11 +84,14 @@ def splits(r: Route, back: bool = False) -> tuple[list[int], list[int]]:
     return (r.recv_splits, r.send_splits) if back else (r.send_splits, r.recv_splits)
 
 
-def exchange(rows: torch.Tensor, r: Route, back: bool = False) -> torch.Tensor:
-    """Rows in send order to their owners, or, `back`, received rows to their sources, by the route's
-    transport (both deliver the same rows in the same order)."""
+def exchange(rows: torch.Tensor, r: Route, back: bool = False, index: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows in send order to their owners (rows[index] when `index` is given: the symmetric-memory
+    transport reads them in place, the all-to-all gathers them first), or, `back`, received rows to their
+    sources, by the route's transport (both deliver the same rows in the same order)."""
     if r.transport == "symm_mem":
-        return exchange_symmetric(rows, r.counts, r.group, back)
+        return exchange_symmetric(rows, r.counts, r.group, back, index)
+    if index is not None:
+        rows = rows[index]
     send, recv = splits(r, back)
     out = rows.new_empty((sum(recv), *rows.shape[1:]))
     dist.all_to_all_single(out, rows.contiguous(), recv, send, group=r.group)
@@ -118,9 +121,9 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         K = topk_ids_TK.shape[1]
         r = route(topk_ids_TK, E_local, group, transport)
         send = r.send_order_N
-        recv_x = exchange(x_TD[send // K], r)
-        recv_ids = exchange(topk_ids_TK.reshape(-1)[send], r)
-        recv_scores = exchange(topk_scores_TK.float().reshape(-1)[send], r)
+        recv_x = exchange(x_TD, r, index=send // K)
+        recv_ids = exchange(topk_ids_TK.reshape(-1), r, index=send)
+        recv_scores = exchange(topk_scores_TK.float().reshape(-1), r, index=send)
         plan = received_plan(recv_ids, r)
         y_recv, residuals = ffn_forward(recv_x, plan, w1_EHD, w2_EDH, w3_EHD, recipe)
         y_ND = to_routed_order(exchange(y_recv, r, back=True), r)
@@ -136,7 +139,7 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         recv_x, recv_scores, w1, w2, w3, packed, *residuals = ctx.saved_tensors
         r, K = ctx.route, ctx.K
         plan = RoutingPlan.from_packed(packed, ctx.layout)
-        recv_dout = exchange(dout_TD[r.send_order_N // K], r)
+        recv_dout = exchange(dout_TD, r, index=r.send_order_N // K)
         dx_recv, ds_recv, saved = ffn_backward_input(recv_dout, plan, recv_scores, w1, w2, w3, residuals, ctx.recipe)
         dx_ND = to_routed_order(exchange(dx_recv, r, back=True), r)
         ds_N = to_routed_order(exchange(ds_recv, r, back=True), r)

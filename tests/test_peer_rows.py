@@ -1,0 +1,77 @@
+"""The symmetric-memory transport's kernels (`kernels.peer_rows`) with several ranks simulated in one
+process: each "peer buffer" is an ordinary tensor whose address stands in for the mapped peer pointer.
+The multi-process protocol (shared-memory files, gloo barriers, every rank's flags) is tests/test_ep.py's."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from titan_megamoe.kernels.common import INTERPRET
+from titan_megamoe.kernels.peer_rows import put_rows, signal_peers, wait_for_peers
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                                reason="the kernels need a GPU or TRITON_INTERPRET=1")
+
+
+@pytest.mark.parametrize("dtype,C", [(torch.bfloat16, 40), (torch.float32, 1), (torch.int64, 1),
+                                     (torch.bfloat16, 2048)])
+def test_put_rows_writes_indexed_and_contiguous_rows_at_an_address(dtype, C):
+    gen = torch.Generator().manual_seed(C)
+    src = (torch.randn(11, C, generator=gen) * 100).to(dtype).to(DEVICE)
+    index = torch.tensor([10, 3, 3, 0, 7], device=DEVICE)  # repeats: a token sent to two experts of one rank
+    dst = torch.full((64, C), -7, dtype=dtype, device=DEVICE)
+    put_rows(src, dst[5].data_ptr(), index)  # rows 5..9 of dst
+    assert torch.equal(dst[5:10], src[index])
+    assert bool((dst[:5] == -7).all()) and bool((dst[10:] == -7).all()), "nothing written outside the block"
+    put_rows(src[2:6], dst[20].data_ptr())  # no index: rows as they are
+    assert torch.equal(dst[20:24], src[2:6])
+    put_rows(src, dst[40].data_ptr(), index[:0])  # nothing to send: nothing written
+    assert bool((dst[40:] == -7).all())
+
+
+def test_flags_carry_the_epoch_from_every_peer():
+    world = 3
+    flags = [torch.zeros(world, dtype=torch.int32, device=DEVICE) for _ in range(world)]
+    addresses = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device=DEVICE)
+    for epoch in (1, 2):
+        for me in range(world):
+            signal_peers(addresses, me, epoch)
+        for me in range(world):
+            wait_for_peers(flags[me], epoch)  # returns: every peer has signalled this epoch
+            assert flags[me].tolist() == [epoch] * world
+
+
+_SM90 = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import compile_sm90
+from titan_megamoe.kernels import peer_rows as p
+out = {}
+for dt in ("*bf16", "*fp32", "*i64"):
+    sig = dict(src_ptr=dt, index_ptr="*i64", dst_addr="i64", n="i32", C="i32", stride_src="i32")
+    out["put" + dt] = compile_sm90(p._put_rows_kernel, sig, dict(HAS_INDEX=True, BLOCK_R=8, BLOCK_C=1024),
+                                   {"src_ptr", "index_ptr"}, 4, 1)["usage"]
+out["signal"] = compile_sm90(p._signal_kernel, dict(flag_addrs_ptr="*i64", me="i32", epoch="i32", world="i32"),
+                             dict(BLOCK=8), {"flag_addrs_ptr"}, 4, 1)["usage"]
+out["wait"] = compile_sm90(p._wait_kernel, dict(flags_ptr="*i32", epoch="i32", world="i32"), dict(BLOCK=8),
+                           {"flags_ptr"}, 4, 1)["usage"]
+print(json.dumps(out))
+"""
+
+
+def test_transport_kernels_compile_for_sm90():
+    """Integer-to-pointer casts of peer addresses, system-scope release/acquire atomics and the spin loop
+    compile for sm_90 (Triton's bundled ptxas, no GPU needed; a fresh process without the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _SM90], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300)
+    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
+    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(usage) == {"put*bf16", "put*fp32", "put*i64", "signal", "wait"}
+    assert all(u.startswith("REG:") for u in usage.values()), usage

@@ -1,0 +1,87 @@
+"""Row transport of the symmetric-memory EP exchange: put rows into a peer's buffer, raise this rank's
+flag in every peer, wait until every peer's flag is up.
+
+Peers' buffers are addressed by their raw addresses in this process (torch symmetric memory maps every
+peer's buffer into each rank: NVLink on a multi-GPU host; the CPU stand-in maps shared-memory files),
+passed as int64 and cast to pointers inside the kernels.
+
+`put_rows` writes rows straight from where they are: with `index`, row i of the block is source row
+index[i] (the token rows of x and dout, read by the send order: no gathered copy is made first).
+
+Ordering: `signal_peers` is launched after every `put_rows` of the exchange on the same stream, so all of
+this rank's rows are written before any peer can see its flag; the flag store is a release at system
+scope and `wait_for_peers` reads with acquire at system scope, so a rank that sees a peer's flag also
+sees that peer's rows. A flag holds the number of the exchange (an epoch every rank advances in the same
+order) and is never reset: from the previous exchange it still reads one less than the epoch waited for.
+No rank can be a whole exchange ahead (each exchange starts with a barrier), so `< epoch` means "not yet".
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import INTERPRET
+
+
+@triton.jit
+def _put_rows_kernel(src_ptr, index_ptr, dst_addr, n, C, stride_src,
+                     HAS_INDEX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = row_ok[:, None] & (cols < C)[None, :]
+    if HAS_INDEX:
+        src_rows = tl.load(index_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    else:
+        src_rows = rows.to(tl.int64)
+    vals = tl.load(src_ptr + src_rows[:, None] * stride_src + cols[None, :], mask=mask)
+    dst = dst_addr.to(tl.pointer_type(src_ptr.dtype.element_ty))
+    tl.store(dst + rows.to(tl.int64)[:, None] * C + cols[None, :], vals, mask=mask)
+
+
+@triton.jit
+def _signal_kernel(flag_addrs_ptr, me, epoch, world, BLOCK: tl.constexpr):
+    peers = tl.arange(0, BLOCK)
+    ok = peers < world
+    flags = tl.load(flag_addrs_ptr + peers, mask=ok, other=0).to(tl.pointer_type(tl.int32))
+    tl.atomic_xchg(flags + me, epoch, mask=ok, sem="release", scope="sys")
+
+
+@triton.jit
+def _wait_kernel(flags_ptr, epoch, world, BLOCK: tl.constexpr):
+    peers = tl.arange(0, BLOCK)
+    ok = peers < world
+    seen = tl.atomic_add(flags_ptr + peers, 0, mask=ok, sem="acquire", scope="sys")
+    while tl.min(tl.where(ok, seen, epoch)) < epoch:
+        seen = tl.atomic_add(flags_ptr + peers, 0, mask=ok, sem="acquire", scope="sys")
+
+
+def put_rows(rows: torch.Tensor, dst_address: int, index: torch.Tensor | None = None) -> None:
+    """Write rows (2-D, [n, C]; with `index`, rows[index[i]] for i < len(index)) contiguously at
+    `dst_address` (an address in this process: a peer's mapped buffer, or this rank's own)."""
+    n = rows.shape[0] if index is None else index.numel()
+    C = rows.shape[1]
+    if n == 0 or C == 0:
+        return
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    block_c = min(triton.next_power_of_2(C), 16 if INTERPRET else 1024)
+    block_r = 4 if INTERPRET else 8
+    _put_rows_kernel[(triton.cdiv(n, block_r), triton.cdiv(C, block_c))](
+        rows, index if index is not None else rows, dst_address, n, C, rows.stride(0),
+        HAS_INDEX=index is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
+    )
+
+
+def signal_peers(flag_addresses: torch.Tensor, me: int, epoch: int) -> None:
+    """Set flag `me` to `epoch` in every rank's flag array (flag_addresses: int64 [world], on the device)."""
+    world = flag_addresses.numel()
+    _signal_kernel[(1,)](flag_addresses, me, epoch, world, BLOCK=triton.next_power_of_2(world))
+
+
+def wait_for_peers(flags: torch.Tensor, epoch: int) -> None:
+    """Return (on the stream) once every entry of this rank's flags (int32 [world]) has reached `epoch`."""
+    world = flags.numel()
+    _wait_kernel[(1,)](flags, epoch, world, BLOCK=triton.next_power_of_2(world))
