@@ -5,7 +5,8 @@ torch's CUDA symmetric memory refuses two ranks on one device (docs/ep.md), so t
 the EP path (`ep_dispatch.FusedMoEExpertParallel`) with ep_transport symm_mem, then all_to_all, against the
 single-process op, forward and backward, bitwise, at two sizes (the second makes the buffers grow). It
 checks the CUDA side of `pipeline.symm_transport` (allocation, rendezvous, typed peer views at offsets,
-the device barrier), not the cross-GPU traffic. Writes symm_mem_one_gpu.json into --out.
+the device barrier, the row-writing kernel at a mapped address and the flags with their device-side
+wait, the peer being this rank itself), not the cross-GPU traffic. Writes symm_mem_one_gpu.json into --out.
 
     python3 scripts/symm_mem_one_gpu.py --out /tmp/symm
 """
