@@ -43,13 +43,6 @@ class ArmResult:
             return f"exit code {self.returncode}"
         return "no metric lines in the log"
 
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
 
 def _step_seconds(parser: LogParser, step: StepMetrics) -> float | None:
     prev = parser.steps[-2].time if len(parser.steps) > 1 else parser.start_time
