@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from titan_megamoe.kernels.common import INTERPRET
-from titan_megamoe.kernels.peer_rows import put_rows, signal_peers, wait_for_peers
+from titan_megamoe.kernels.peer_rows import scatter_rows, signal_peers, wait_for_peers
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
@@ -20,18 +20,26 @@ pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("dtype,C", [(torch.bfloat16, 40), (torch.float32, 1), (torch.int64, 1),
                                      (torch.bfloat16, 2048)])
-def test_put_rows_writes_indexed_and_contiguous_rows_at_an_address(dtype, C):
+def test_scatter_rows_sends_each_row_to_its_rank_and_row(dtype, C):
+    """Rows (read by an index, with repeats, or as they are) to their own (rank, row); three simulated
+    ranks whose row areas are ordinary tensors; nothing written anywhere else."""
     gen = torch.Generator().manual_seed(C)
     src = (torch.randn(11, C, generator=gen) * 100).to(dtype).to(DEVICE)
+    areas = [torch.full((16, C), -7, dtype=dtype, device=DEVICE) for _ in range(3)]
+    addresses = torch.tensor([a.data_ptr() for a in areas], dtype=torch.int64, device=DEVICE)
     index = torch.tensor([10, 3, 3, 0, 7], device=DEVICE)  # repeats: a token sent to two experts of one rank
-    dst = torch.full((64, C), -7, dtype=dtype, device=DEVICE)
-    put_rows(src, dst[5].data_ptr(), index)  # rows 5..9 of dst
-    assert torch.equal(dst[5:10], src[index])
-    assert bool((dst[:5] == -7).all()) and bool((dst[10:] == -7).all()), "nothing written outside the block"
-    put_rows(src[2:6], dst[20].data_ptr())  # no index: rows as they are
-    assert torch.equal(dst[20:24], src[2:6])
-    put_rows(src, dst[40].data_ptr(), index[:0])  # nothing to send: nothing written
-    assert bool((dst[40:] == -7).all())
+    rank = torch.tensor([2, 0, 2, 1, 0], dtype=torch.int32, device=DEVICE)
+    row = torch.tensor([15, 0, 4, 9, 1], device=DEVICE)
+    scatter_rows(src, rank, row, addresses, index)
+    expected = [torch.full((16, C), -7, dtype=dtype) for _ in range(3)]
+    for i, (q, p) in enumerate(zip(rank.tolist(), row.tolist())):
+        expected[q][p] = src[index[i]].cpu()
+    for got, want in zip(areas, expected):
+        assert torch.equal(got.cpu(), want)
+    rank2 = torch.tensor([1, 0], dtype=torch.int32, device=DEVICE)
+    scatter_rows(src, rank2, torch.tensor([12, 13], device=DEVICE), addresses)  # no index: rows 0, 1 as they are
+    assert torch.equal(areas[1][12].cpu(), src[0].cpu()) and torch.equal(areas[0][13].cpu(), src[1].cpu())
+    scatter_rows(src, rank[:0], row[:0], addresses, index[:0])  # nothing to send: nothing written
 
 
 def test_flags_carry_the_epoch_from_every_peer():
@@ -53,9 +61,11 @@ from sm90_resources import compile_sm90
 from titan_megamoe.kernels import peer_rows as p
 out = {}
 for dt in ("*bf16", "*fp32", "*i64"):
-    sig = dict(src_ptr=dt, index_ptr="*i64", dst_addr="i64", n="i32", C="i32", stride_src="i32")
-    out["put" + dt] = compile_sm90(p._put_rows_kernel, sig, dict(HAS_INDEX=True, BLOCK_R=8, BLOCK_C=1024),
-                                   {"src_ptr", "index_ptr"}, 4, 1)["usage"]
+    sig = dict(src_ptr=dt, index_ptr="*i64", dst_rank_ptr="*i32", dst_row_ptr="*i64", row_addrs_ptr="*i64",
+               n="i32", C="i32", stride_src="i32")
+    out["scatter" + dt] = compile_sm90(p._scatter_rows_kernel, sig, dict(HAS_INDEX=True, BLOCK_R=8, BLOCK_C=1024),
+                                       {"src_ptr", "index_ptr", "dst_rank_ptr", "dst_row_ptr", "row_addrs_ptr"},
+                                       4, 1)["usage"]
 out["signal"] = compile_sm90(p._signal_kernel, dict(flag_addrs_ptr="*i64", me="i32", epoch="i32", world="i32"),
                              dict(BLOCK=8), {"flag_addrs_ptr"}, 4, 1)["usage"]
 out["wait"] = compile_sm90(p._wait_kernel, dict(flags_ptr="*i32", epoch="i32", world="i32"), dict(BLOCK=8),
@@ -73,5 +83,5 @@ def test_transport_kernels_compile_for_sm90():
                           timeout=300)
     assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
     usage = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(usage) == {"put*bf16", "put*fp32", "put*i64", "signal", "wait"}
+    assert set(usage) == {"scatter*bf16", "scatter*fp32", "scatter*i64", "signal", "wait"}
     assert all(u.startswith("REG:") for u in usage.values()), usage

@@ -1,14 +1,15 @@
-"""Row transport of the symmetric-memory EP exchange: put rows into a peer's buffer, raise this rank's
-flag in every peer, wait until every peer's flag is up.
+"""Row transport of the symmetric-memory EP exchange: scatter rows into the peers' buffers, raise this
+rank's flag in every peer, wait until every peer's flag is up.
 
 Peers' buffers are addressed by their raw addresses in this process (torch symmetric memory maps every
 peer's buffer into each rank: NVLink on a multi-GPU host; the CPU stand-in maps shared-memory files),
 passed as int64 and cast to pointers inside the kernels.
 
-`put_rows` writes rows straight from where they are: with `index`, row i of the block is source row
-index[i] (the token rows of x and dout, read by the send order: no gathered copy is made first).
+`scatter_rows` writes each row straight from where it is (with `index`, row i is source row index[i]:
+the token rows of x and dout, read by the send order, no gathered copy first) to its own destination rank
+and row, every destination in one launch.
 
-Ordering: `signal_peers` is launched after every `put_rows` of the exchange on the same stream, so all of
+Ordering: `signal_peers` is launched after the exchange's `scatter_rows` on the same stream, so all of
 this rank's rows are written before any peer can see its flag; the flag store is a release at system
 scope and `wait_for_peers` reads with acquire at system scope, so a rank that sees a peer's flag also
 sees that peer's rows. A flag holds the number of the exchange (an epoch every rank advances in the same
@@ -26,8 +27,8 @@ from .common import INTERPRET
 
 
 @triton.jit
-def _put_rows_kernel(src_ptr, index_ptr, dst_addr, n, C, stride_src,
-                     HAS_INDEX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _scatter_rows_kernel(src_ptr, index_ptr, dst_rank_ptr, dst_row_ptr, row_addrs_ptr, n, C, stride_src,
+                         HAS_INDEX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -37,8 +38,10 @@ def _put_rows_kernel(src_ptr, index_ptr, dst_addr, n, C, stride_src,
     else:
         src_rows = rows.to(tl.int64)
     vals = tl.load(src_ptr + src_rows[:, None] * stride_src + cols[None, :], mask=mask)
-    dst = dst_addr.to(tl.pointer_type(src_ptr.dtype.element_ty))
-    tl.store(dst + rows.to(tl.int64)[:, None] * C + cols[None, :], vals, mask=mask)
+    rank = tl.load(dst_rank_ptr + rows, mask=row_ok, other=0)
+    dst_row = tl.load(dst_row_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    base = tl.load(row_addrs_ptr + rank, mask=row_ok, other=0).to(tl.pointer_type(src_ptr.dtype.element_ty))
+    tl.store(base[:, None] + dst_row[:, None] * C + cols[None, :], vals, mask=mask)
 
 
 @triton.jit
@@ -58,10 +61,12 @@ def _wait_kernel(flags_ptr, epoch, world, BLOCK: tl.constexpr):
         seen = tl.atomic_add(flags_ptr + peers, 0, mask=ok, sem="acquire", scope="sys")
 
 
-def put_rows(rows: torch.Tensor, dst_address: int, index: torch.Tensor | None = None) -> None:
-    """Write rows (2-D, [n, C]; with `index`, rows[index[i]] for i < len(index)) contiguously at
-    `dst_address` (an address in this process: a peer's mapped buffer, or this rank's own)."""
-    n = rows.shape[0] if index is None else index.numel()
+def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor, row_addresses: torch.Tensor,
+                 index: torch.Tensor | None = None) -> None:
+    """Row i (rows[index[i]] with `index`, else rows[i]; rows 2-D [*, C]) to row dst_row[i] of rank
+    dst_rank[i]'s row area, whose address in this process is row_addresses[dst_rank[i]] (int64 on the
+    device; a peer's mapped buffer or this rank's own). One launch for every destination."""
+    n = dst_rank.numel()
     C = rows.shape[1]
     if n == 0 or C == 0:
         return
@@ -69,8 +74,8 @@ def put_rows(rows: torch.Tensor, dst_address: int, index: torch.Tensor | None = 
         rows = rows.contiguous()
     block_c = min(triton.next_power_of_2(C), 16 if INTERPRET else 1024)
     block_r = 4 if INTERPRET else 8
-    _put_rows_kernel[(triton.cdiv(n, block_r), triton.cdiv(C, block_c))](
-        rows, index if index is not None else rows, dst_address, n, C, rows.stride(0),
+    _scatter_rows_kernel[(triton.cdiv(n, block_r), triton.cdiv(C, block_c))](
+        rows, index if index is not None else dst_rank, dst_rank, dst_row, row_addresses, n, C, rows.stride(0),
         HAS_INDEX=index is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
     )
 

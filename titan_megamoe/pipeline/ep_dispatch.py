@@ -5,12 +5,13 @@ Each rank of the EP group owns E_local experts: rank r holds global experts [r*E
 (TorchTitan's `ExpertParallel` layout, Shard(0) of the expert weights). For one call on one rank:
 
   route     routed rows n = t*K + k go to rank ids[n] // E_local; the rows are put in send order (by
-            destination rank, then n: a stable sort) and the per-rank counts all-gathered into the
-            counts matrix every rank holds (one host sync for the split sizes, as stock TorchTitan's EP
-            has; the symmetric-memory transport takes its write offsets from the matrix)
-  dispatch  x rows, their expert ids and scores to the experts' owners; the received rows are a contiguous
-            buffer, and the plan over them (`RowSource.CONTIGUOUS`, one row each, local expert ids via
-            `first_expert`) is all the expert FFN stage needs
+            global expert, then n: a stable sort, so each destination's rows are contiguous) and the
+            per-expert counts all-gathered into the matrix every rank holds (one host sync for the split
+            sizes, as stock TorchTitan's EP has; the symmetric-memory transport takes every row's
+            destination from it)
+  dispatch  x rows, their expert ids (all-to-all only) and scores to the experts' owners; the received
+            rows are a contiguous buffer, and the plan over them (`RowSource.CONTIGUOUS`, one row each,
+            local expert ids via `first_expert`) is all the expert FFN stage needs
   FFN       `expert_ffn.ffn_forward` on the received rows, unchanged
   combine   the y rows back to the ranks of their tokens, put back in routed-row order,
             and the deterministic score-weighted sum there (`kernels.combine`)
@@ -25,7 +26,7 @@ No token is dropped: receive buffers are sized from the exchanged counts, whatev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,7 @@ from ..plan import RoutingPlan
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
 from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward
-from .symm_transport import exchange_symmetric
+from .symm_transport import exchange_symmetric, expert_sorted_ids
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,16 @@ class Route:
     group: dist.ProcessGroup
     num_local_experts: int
     first_expert: int  # global id of this rank's local expert 0
-    send_order_N: torch.Tensor  # routed rows n = t*K + k in send order (grouped by destination rank)
-    counts: list[list[int]]  # counts[s][q]: rows rank s sends to rank q (every rank holds all of it)
+    send_order_N: torch.Tensor  # routed rows n = t*K + k in send order (by global expert, then n)
+    expert_counts: list[list[int]]  # [s][g]: rows rank s routes to global expert g (every rank holds all)
     transport: str = "all_to_all"  # or "symm_mem"
+    cache: dict = field(default_factory=dict, compare=False, repr=False)  # the transport's per-route maps
+
+    @property
+    def counts(self) -> list[list[int]]:
+        """counts[s][q]: rows rank s sends to rank q."""
+        E = self.num_local_experts
+        return [[sum(row[q * E:(q + 1) * E]) for q in range(len(row) // E)] for row in self.expert_counts]
 
     @property
     def send_splits(self) -> list[int]:
@@ -70,11 +78,15 @@ class Route:
 def route(topk_ids_TK: torch.Tensor, num_local_experts: int, group: dist.ProcessGroup,
           transport: str = "all_to_all") -> Route:
     ep, rank = dist.get_world_size(group), dist.get_rank(group)
-    dest_N = topk_ids_TK.reshape(-1) // num_local_experts
-    send_order_N = torch.sort(dest_N, stable=True).indices
-    send_counts = torch.bincount(dest_N, minlength=ep)[:ep]
-    gathered = [torch.empty_like(send_counts) for _ in range(ep)]
-    dist.all_gather(gathered, send_counts, group=group)
+    ids_N = topk_ids_TK.reshape(-1)
+    num_experts = num_local_experts * ep
+    # by global expert (stable): each destination's rows are contiguous (its experts are), grouped by
+    # expert in token order. The plan of the receiving rank sorts by expert again, stably, so an expert
+    # sees its rows in (source rank, token) order either way: the single-GPU order
+    send_order_N = torch.sort(ids_N, stable=True).indices
+    expert_counts = torch.bincount(ids_N, minlength=num_experts)[:num_experts]
+    gathered = [torch.empty_like(expert_counts) for _ in range(ep)]
+    dist.all_gather(gathered, expert_counts, group=group)
     counts = torch.stack(gathered).tolist()  # the one host sync: buffer sizes and offsets
     return Route(group, num_local_experts, rank * num_local_experts, send_order_N, counts, transport)
 
@@ -87,9 +99,11 @@ def splits(r: Route, back: bool = False) -> tuple[list[int], list[int]]:
 def exchange(rows: torch.Tensor, r: Route, back: bool = False, index: torch.Tensor | None = None) -> torch.Tensor:
     """Rows in send order to their owners (rows[index] when `index` is given: the symmetric-memory
     transport reads them in place, the all-to-all gathers them first), or, `back`, received rows to their
-    sources, by the route's transport (both deliver the same rows in the same order)."""
+    sources, by the route's transport. The all-to-all delivers rows grouped by source rank, the
+    symmetric-memory transport in expert-sorted order (`symm_transport`); back, both return each row to
+    its send slot."""
     if r.transport == "symm_mem":
-        return exchange_symmetric(rows, r.counts, r.group, back, index)
+        return exchange_symmetric(rows, r, back, index)
     if index is not None:
         rows = rows[index]
     send, recv = splits(r, back)
@@ -109,6 +123,15 @@ def received_plan(recv_ids_R: torch.Tensor, r: Route) -> RoutingPlan:
     return build_routing_plan(recv_ids_R, r.num_local_experts, row_block_m(), first_expert=r.first_expert)
 
 
+def received_ids(topk_ids_TK: torch.Tensor, r: Route) -> torch.Tensor:
+    """The global expert id of each row this rank receives, in the transport's order: exchanged under the
+    all-to-all; under symm_mem the rows land sorted by expert, so the ids follow from the counts alone
+    (and the plan exists before any row lands)."""
+    if r.transport == "symm_mem":
+        return expert_sorted_ids(r)
+    return exchange(topk_ids_TK.reshape(-1), r, index=r.send_order_N)
+
+
 class FusedMoEExpertParallel(torch.autograd.Function):
     """The Triton pipeline under EP (either transport). Differentiable in x, the scores and the local
     expert weights; eager only (the split sizes are read on the host)."""
@@ -122,7 +145,7 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         r = route(topk_ids_TK, E_local, group, transport)
         send = r.send_order_N
         recv_x = exchange(x_TD, r, index=send // K)
-        recv_ids = exchange(topk_ids_TK.reshape(-1), r, index=send)
+        recv_ids = received_ids(topk_ids_TK, r)
         recv_scores = exchange(topk_scores_TK.float().reshape(-1), r, index=send)
         plan = received_plan(recv_ids, r)
         y_recv, residuals = ffn_forward(recv_x, plan, w1_EHD, w2_EDH, w3_EHD, recipe)

@@ -7,30 +7,29 @@ One buffer per rank of the EP group, mapped into every peer (torch symmetric mem
 layer and call: a layer uses it only inside one exchange. An exchange of rows:
 
   1. barrier: every rank has copied the previous exchange out of its buffer
-  2. each rank writes its block for rank q into q's buffer, at the offset the counts matrix gives
-     (`Route.counts`: rows from rank s to rank q, known on every rank since `ep_dispatch.route`), with
-     a Triton kernel that reads the rows where they are (`kernels.peer_rows.put_rows`: x and dout rows
-     by the send order, so no gathered copy is made first)
+  2. each rank writes every row it sends straight to its destination rank and row, in one Triton launch
+     (`kernels.peer_rows.scatter_rows`; x and dout rows are read by the send order where they lie, so
+     no gathered copy is made first); destinations follow from the per-expert counts every rank holds
+     since `ep_dispatch.route` (`_maps`)
   3. each rank raises its flag in every peer (`signal_peers`: the exchange's epoch, after its writes)
      and waits until every peer's flag in its own buffer is up (`wait_for_peers`), on the device
   4. each rank copies what it received out of its own buffer
 Each buffer starts with the flags (one int32 per rank, `_HEADER` bytes), the rows follow.
 
-Out to the experts' owners (forward x, ids, scores; backward dout): rank r's rows for rank q start in q's
-buffer after those of ranks s < r, so the received rows are grouped by source rank in rank order, as the
-all-to-all delivers them. Back to the tokens' ranks (y; dx, ds): rank q's rows from source s go to s's
-buffer where s's send order put them (after s's rows for ranks < q). Both transports therefore hand the
-expert FFN and the combine the same rows in the same order, and the result is bitwise the same.
-
+Out to the experts' owners (forward x, scores; backward dout): the rows land sorted by expert, and within
+an expert by (source rank, token): the order the receiving rank's plan gives them under the all-to-all
+too, so the expert FFN sees the same rows in the same order and the result is bitwise the same. The
+receiving plan follows from the counts alone (`expert_sorted_ids`): no ids travel, and the plan could
+exist before any row lands. Back to the tokens' ranks (y; dx, ds): each row returns to its send slot.
 No token is dropped: a buffer holds the most rows any rank receives in either direction, computed from
 the counts matrix, which every rank has, so every rank asks for the same size; when a call needs more the
 buffers are reallocated (a collective: every rank takes the same decision at the same exchange) with
 headroom, never truncated. Memory per rank: about 1.25x (max over ranks of rows received) x the widest
 row, once per process group, not per layer.
 
-Where this stands (2026-12-04): rows are written by a Triton kernel and their arrival is signalled by
-per-source flags, but the flags say "all of rank s's rows are here", not per expert, and GEMM1 does not
-wait on them yet: nothing overlaps the expert GEMMs. The first barrier is `_SymmetricMemory.barrier`
+Where this stands (2026-12-04): rows are written by a Triton kernel into expert-sorted places and their
+arrival is signalled by per-source flags, but the flags say "all of rank s's rows are here", not per
+expert, and GEMM1 does not wait on them yet: nothing overlaps the expert GEMMs. The first barrier is `_SymmetricMemory.barrier`
 (signal pads). On CPU (gloo, the CI tests) the same protocol runs on shared-memory files (`/dev/shm`)
 mapped by every rank, the kernels in Triton's interpreter, with `dist.barrier` as the barrier: a stand-in
 for tests, not a transport for training. torch's CUDA symmetric memory refuses two ranks on one GPU
@@ -47,7 +46,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from ..kernels.peer_rows import put_rows, signal_peers, wait_for_peers
+from ..kernels.peer_rows import scatter_rows, signal_peers, wait_for_peers
 
 _HEADER = 4096  # bytes before the rows: the flags, one int32 per rank (up to 1024 ranks), 16-byte aligned rows
 _HEADROOM = 1.25  # reallocate with room to spare: routing shifts a little from step to step
@@ -77,6 +76,7 @@ class _CudaSymmetricBuffers:
         self.addresses = [self._handle.get_buffer(r, (1,), torch.uint8, 0).data_ptr() for r in range(world)]
         self.flags = self._local[:4 * world].view(torch.int32)
         self.flag_addresses = torch.tensor(self.addresses, dtype=torch.int64, device=self._device)
+        self.row_addresses = self.flag_addresses + _HEADER
 
     def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
         """Rank `rank`'s rows as `shape` elements of dtype, starting `offset` elements in."""
@@ -111,6 +111,7 @@ class _SharedFileBuffers:
         self.addresses = [m.data_ptr() for m in self._maps]
         self.flags = self._maps[self._rank][:4 * self._world].view(torch.int32)
         self.flag_addresses = torch.tensor(self.addresses, dtype=torch.int64)
+        self.row_addresses = self.flag_addresses + _HEADER
 
     def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
         flat = self._maps[rank][_HEADER:].view(dtype)
@@ -131,36 +132,79 @@ def _buffers(group, device: torch.device):
     return _BUFFERS[key]
 
 
-def exchange_symmetric(rows: torch.Tensor, counts: list[list[int]], group, back: bool,
-                       index: torch.Tensor | None = None) -> torch.Tensor:
-    """The rows this rank receives, in the all-to-all's order: out to the experts' owners (rows in send
-    order: rows[index] when `index` is given, read in place), or `back` to the tokens' ranks (received
-    rows, grouped by source). counts[s][q]: rows rank s sends to rank q in the forward direction."""
-    me, world = dist.get_rank(group), len(counts)
+def _counts(r) -> tuple[torch.Tensor, int, int]:
+    """(expert counts [ranks, global experts] on the host, this rank, local experts per rank)."""
+    return torch.tensor(r.expert_counts, dtype=torch.int64), dist.get_rank(r.group), r.num_local_experts
+
+
+def _received_per_expert(C: torch.Tensor, rank: int, E: int) -> torch.Tensor:
+    return C[:, rank * E:(rank + 1) * E].sum(0)
+
+
+def expert_sorted_ids(r) -> torch.Tensor:
+    """The global expert of each row this rank receives: the rows land sorted by expert (`_maps`)."""
+    C, me, E = _counts(r)
+    per_expert = _received_per_expert(C, me, E)
+    device = r.send_order_N.device
+    return torch.repeat_interleave(torch.arange(me * E, (me + 1) * E, device=device), per_expert.to(device),
+                                   output_size=int(per_expert.sum()))
+
+
+def _maps(r, back: bool):
+    """Where each row goes, (destination rank [n] int32, destination row [n] int64, rows this rank gets,
+    the most rows any rank gets), all from the counts every rank holds.
+
+    Out to the experts' owners, row i of this rank's send order (global expert g, sorted by expert) lands
+    at expert g's rows on rank g // E, after the rows of g from lower ranks: each owner's rows end up
+    sorted by expert, and within an expert by (source rank, token), the order its plan would give them.
+    Back, a received row (expert g, from rank s, the j-th of those) returns to send slot j of g on s."""
+    key = "back" if back else "out"
+    if key in r.cache:
+        return r.cache[key]
+    C, me, E = _counts(r)
+    W, G = C.shape
+    device = r.send_order_N.device
+    received = torch.stack([_received_per_expert(C, q, E).sum() for q in range(W)])
+    sent = C.sum(1)
+    send_start = C.cumsum(1) - C  # [s, g]: first send slot of expert g on rank s
+    if not back:
+        totals = C.sum(0)  # rows of each expert, all sources
+        start = (totals.view(W, E).cumsum(1) - totals.view(W, E)).reshape(G)  # expert g's first row on its owner
+        before = C.cumsum(0) - C  # [s, g]: rows of g from ranks below s
+        n = int(sent[me])
+        g = torch.repeat_interleave(torch.arange(G, device=device), C[me].to(device), output_size=n)
+        base = (start + before[me] - send_start[me]).to(device)
+        maps = ((g // E).to(torch.int32), base[g] + torch.arange(n, device=device), int(received[me]),
+                int(received.max()))
+    else:
+        lengths = C[:, me * E:(me + 1) * E].T.reshape(-1)  # received segments (local expert e, source s), e-major
+        seg_first = lengths.cumsum(0) - lengths
+        seg_rank = torch.arange(W).repeat(E)
+        seg_slot = send_start[:, me * E:(me + 1) * E].T.reshape(-1)
+        n = int(lengths.sum())
+        lengths = lengths.to(device)
+        rank = torch.repeat_interleave(seg_rank.to(device), lengths, output_size=n)
+        row = torch.repeat_interleave((seg_slot - seg_first).to(device), lengths, output_size=n)
+        maps = (rank.to(torch.int32), row + torch.arange(n, device=device), int(sent[me]), int(sent.max()))
+    r.cache[key] = maps
+    return maps
+
+
+def exchange_symmetric(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows this rank receives: out to the experts' owners (rows in send order: rows[index] when
+    `index` is given, read in place), sorted by expert; or `back` to the tokens' ranks, in send order."""
+    assert index is None or not back, "rows go back from where they were received, not by an index"
+    me = dist.get_rank(r.group)
     row_shape = tuple(rows.shape[1:])
     row_numel = math.prod(row_shape)
-    sent = [sum(c) for c in counts]  # rows each rank routed (its send order's length)
-    received = [sum(counts[s][q] for s in range(world)) for q in range(world)]
-    if back:  # block for source s: received from s, written where s's send order holds it
-        blocks = [(s, sum(counts[p][me] for p in range(s)), counts[s][me], sum(counts[s][:me])) for s in range(world)]
-        n_out, most = sent[me], max(sent)
-    else:  # block for owner q: this rank's rows for q, after those of ranks before this one
-        blocks = [(q, sum(counts[me][:q]), counts[me][q], sum(counts[p][q] for p in range(me))) for q in range(world)]
-        n_out, most = received[me], max(received)
-    bufs = _buffers(group, rows.device)
+    dst_rank, dst_row, n_out, most = _maps(r, back)
+    bufs = _buffers(r.group, rows.device)
     need = most * row_numel * rows.element_size()
     if need > bufs.nbytes:  # every rank computes the same `need`: the reallocation is collective
         bufs.allocate(max(_ALIGN, -(-int(need * _HEADROOM) // _ALIGN) * _ALIGN))
     bufs.barrier()  # peers have copied the previous exchange out of their buffers
     bufs.epoch += 1  # every rank counts the same exchanges in the same order
-    rows_2d = rows.reshape(rows.shape[0], row_numel)
-    for peer, start, n, offset in blocks:
-        if n:
-            dst = bufs.addresses[peer] + _HEADER + offset * row_numel * rows.element_size()
-            if index is None:
-                put_rows(rows_2d[start:start + n], dst)
-            else:
-                put_rows(rows_2d, dst, index[start:start + n])
+    scatter_rows(rows.reshape(rows.shape[0], row_numel), dst_rank, dst_row, bufs.row_addresses, index)
     signal_peers(bufs.flag_addresses, me, bufs.epoch)  # after this rank's rows, on the same stream
     wait_for_peers(bufs.flags, bufs.epoch)  # every peer's rows for this rank have landed
     return bufs.view(me, rows.dtype, (n_out, *row_shape), 0).clone()
