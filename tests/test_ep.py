@@ -66,6 +66,7 @@ def test_expert_parallel_matches_single_process(backend, ep, shape, routing):
 @pytest.mark.parametrize("ep,shape,routing", [
     (4, (29, 32, 32, 8, 2), "random"),  # uneven counts between every pair of ranks
     (2, (16, 32, 32, 4, 2), "rank0_only"),  # a rank that receives nothing still joins every barrier
+    (2, (24, 32, 48, 6, 3), "mostly_last"),  # one rank receives most rows
 ])
 def test_symmetric_memory_transport_matches_single_process(ep, shape, routing):
     """The symmetric-memory transport: bitwise the single-process op, like the all-to-all (on CPU its
