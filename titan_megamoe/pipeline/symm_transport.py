@@ -53,6 +53,13 @@ _HEADROOM = 1.25  # reallocate with room to spare: routing shifts a little from 
 _ALIGN = 1 << 20
 
 
+def _address_tables(buffer_addresses: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's buffer address in this process -> (its flags', its rows' addresses), int64 on the
+    device: the tables the transport kernels index by rank."""
+    flags = torch.tensor(buffer_addresses, dtype=torch.int64, device=device)
+    return flags, flags + _HEADER
+
+
 class _CudaSymmetricBuffers:
     """Torch symmetric memory: this rank's buffer and its peers', mapped (NVLink on a multi-GPU host)."""
 
@@ -73,10 +80,9 @@ class _CudaSymmetricBuffers:
         self._handle = self._symm.rendezvous(self._local, self._group.group_name)
         self.nbytes = nbytes
         world = dist.get_world_size(self._group)
-        self.addresses = [self._handle.get_buffer(r, (1,), torch.uint8, 0).data_ptr() for r in range(world)]
         self.flags = self._local[:4 * world].view(torch.int32)
-        self.flag_addresses = torch.tensor(self.addresses, dtype=torch.int64, device=self._device)
-        self.row_addresses = self.flag_addresses + _HEADER
+        self.flag_addresses, self.row_addresses = _address_tables(
+            [self._handle.get_buffer(r, (1,), torch.uint8, 0).data_ptr() for r in range(world)], self._device)
 
     def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
         """Rank `rank`'s rows as `shape` elements of dtype, starting `offset` elements in."""
@@ -108,10 +114,8 @@ class _SharedFileBuffers:
         dist.barrier(group=self._group)
         os.unlink(path(self._rank))  # the mappings stay valid; nothing is left in /dev/shm
         self.nbytes = nbytes
-        self.addresses = [m.data_ptr() for m in self._maps]
         self.flags = self._maps[self._rank][:4 * self._world].view(torch.int32)
-        self.flag_addresses = torch.tensor(self.addresses, dtype=torch.int64)
-        self.row_addresses = self.flag_addresses + _HEADER
+        self.flag_addresses, self.row_addresses = _address_tables([m.data_ptr() for m in self._maps], "cpu")
 
     def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
         flat = self._maps[rank][_HEADER:].view(dtype)
