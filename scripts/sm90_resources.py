@@ -65,10 +65,11 @@ def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 1
     w = _fp8_desc(block_n) if w_tma else "*fp8e4nv"
     sig = {"x_ptr": _fp8_desc(block_m) if a_tma else "*fp8e4nv", "w1_ptr": w, "w3_ptr": w, **PLAN,
            **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv", **_types("xs_ptr w1s_ptr w3s_ptr hs_ptr", "*fp32"),
+           **_types("arrived_ptr expected_ptr", "*i32"),
            **_types("D H rows_per_token stride_xt stride_we stride_wh", "i32")}
     return _row_kernel(_gemm1_swiglu_kernel, sig, dict(BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=1,
                                                        BLOCK_N=block_n, BLOCK_K=128, A_TMA=a_tma, W_TMA=w_tma,
-                                                       FP8=True), num_warps)
+                                                       FP8=True, WAIT=False), num_warps)
 
 
 def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: int = 8, sorted_out: bool = False):

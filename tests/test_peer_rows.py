@@ -54,6 +54,40 @@ def test_flags_carry_the_epoch_from_every_peer():
             assert flags[me].tolist() == [epoch] * world
 
 
+def test_gemm1_waits_for_its_experts_rows_to_land():
+    """GEMM1 with `arrivals` (the EP symmetric-memory path): started while the rows and the per-expert
+    counts are not there yet, it waits; once another thread has written the rows and raised the counts it
+    finishes with exactly the result of GEMM1 on rows that were there from the start."""
+    import threading
+    import time
+
+    from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    gen = torch.Generator().manual_seed(5)
+    E, H, D = 3, 32, 48
+    ids = torch.tensor([0, 0, 0, 1, 2, 2, 2, 2, 2], device=DEVICE)  # landed sorted by expert
+    x = torch.randn(ids.numel(), D, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w1, w3 = ((torch.randn(E, H, D, generator=gen) / D**0.5).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    plan = build_routing_plan(ids, E, 16)
+    want = gemm1_swiglu(x, w1, w3, plan, torch.bfloat16, "bf16")
+    landing = torch.full_like(x, float("nan"))
+    arrived = torch.zeros(E, dtype=torch.int32, device=DEVICE)
+    expected = torch.bincount(ids, minlength=E).to(torch.int32)
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(
+        out=gemm1_swiglu(landing, w1, w3, plan, torch.bfloat16, "bf16", arrivals=(arrived, expected))))
+    worker.start()
+    time.sleep(0.5)
+    assert worker.is_alive(), "GEMM1 did not wait for the rows"
+    landing.copy_(x)
+    arrived.copy_(expected)
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    for got, ref in zip(result["out"], want):
+        assert torch.equal(got, ref)
+
+
 _SM90 = r"""
 import json, sys
 sys.path.insert(0, "scripts")
@@ -62,26 +96,38 @@ from titan_megamoe.kernels import peer_rows as p
 out = {}
 for dt in ("*bf16", "*fp32", "*i64"):
     sig = dict(src_ptr=dt, index_ptr="*i64", dst_rank_ptr="*i32", dst_row_ptr="*i64", row_addrs_ptr="*i64",
-               n="i32", C="i32", stride_src="i32")
-    out["scatter" + dt] = compile_sm90(p._scatter_rows_kernel, sig, dict(HAS_INDEX=True, BLOCK_R=8, BLOCK_C=1024),
-                                       {"src_ptr", "index_ptr", "dst_rank_ptr", "dst_row_ptr", "row_addrs_ptr"},
-                                       4, 1)["usage"]
+               dst_expert_ptr="*i32", counter_addrs_ptr="*i64", n="i32", C="i32", stride_src="i32")
+    out["scatter" + dt] = compile_sm90(p._scatter_rows_kernel, sig,
+                                       dict(HAS_INDEX=True, COUNT=True, BLOCK_R=8, BLOCK_C=1024),
+                                       {k for k in sig if k.endswith("_ptr")}, 4, 1)["usage"]
 out["signal"] = compile_sm90(p._signal_kernel, dict(flag_addrs_ptr="*i64", me="i32", epoch="i32", world="i32"),
                              dict(BLOCK=8), {"flag_addrs_ptr"}, 4, 1)["usage"]
 out["wait"] = compile_sm90(p._wait_kernel, dict(flags_ptr="*i32", epoch="i32", world="i32"), dict(BLOCK=8),
                            {"flags_ptr"}, 4, 1)["usage"]
+from titan_megamoe.kernels.gemm1_swiglu import _gemm1_swiglu_kernel
+from titan_megamoe.kernels.configs import tile_config
+cfg = tile_config("gemm1_swiglu", 2048, 768)
+sig = dict(x_ptr="*bf16", w1_ptr="*bf16", w3_ptr="*bf16", order_ptr="*i32", tile_expert_ptr="*i32",
+           tile_row_ptr="*i32", offsets_ptr="*i32", g_ptr="*bf16", u_ptr="*bf16", h_ptr="*bf16", xs_ptr="*bf16",
+           w1s_ptr="*bf16", w3s_ptr="*bf16", hs_ptr="*bf16", arrived_ptr="*i32", expected_ptr="*i32", D="i32",
+           H="i32", rows_per_token="i32", stride_xt="i32", stride_we="i32", stride_wh="i32")
+const = dict(BLOCK_M=cfg.block_m, SUB_TILES=1, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+             A_TMA=False, W_TMA=False, FP8=False, WAIT=True, INTERPRET=False)
+r = compile_sm90(_gemm1_swiglu_kernel, sig, const, set(sig), cfg.num_warps, cfg.num_stages)
+out["gemm1_wait"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA")
 print(json.dumps(out))
 """
 
 
 def test_transport_kernels_compile_for_sm90():
-    """Integer-to-pointer casts of peer addresses, system-scope release/acquire atomics and the spin loop
-    compile for sm_90 (Triton's bundled ptxas, no GPU needed; a fresh process without the interpreter)."""
+    """Integer-to-pointer casts of peer addresses, system-scope release/acquire atomics and the spin loops
+    (the flags' wait and GEMM1's wait for its expert's rows, which must still lower to wgmma) compile for sm_90 (Triton's bundled ptxas, no GPU needed; a fresh process without the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", _SM90], capture_output=True, text=True, env=env, cwd=root,
                           timeout=300)
     assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
     usage = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(usage) == {"scatter*bf16", "scatter*fp32", "scatter*i64", "signal", "wait"}
+    assert set(usage) == {"scatter*bf16", "scatter*fp32", "scatter*i64", "signal", "wait", "gemm1_wait"}
+    assert usage["gemm1_wait"].endswith(" wgmma"), usage["gemm1_wait"]
     assert all(u.startswith("REG:") for u in usage.values()), usage

@@ -65,10 +65,11 @@ def _gemm1_swiglu_kernel(
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
     g_ptr, u_ptr, h_ptr,  # [N, H] each, sorted order
     xs_ptr, w1s_ptr, w3s_ptr, hs_ptr,  # FP8 scales: x [rows, D/128], w [E, H/128, D/128]; h [N, H/128] out
+    arrived_ptr, expected_ptr,  # WAIT: per local expert, int32 counts of landed rows and the count to wait for
     D, H, rows_per_token,
     stride_xt, stride_we, stride_wh,
     BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    A_TMA: tl.constexpr, W_TMA: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr,
+    A_TMA: tl.constexpr, W_TMA: tl.constexpr, FP8: tl.constexpr, WAIT: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # FP8: a program covers 2 x BLOCK_N = 128 columns (one scale block of h) in two passes over D, one
     # 64-wide half at a time: a block-scaled main loop holds each MMA's partial product beside its
@@ -82,6 +83,15 @@ def _gemm1_swiglu_kernel(
                                                  BLOCK_M, SUB_TILES, GROUP_M)
     if expert < 0:
         return
+    if WAIT:
+        # expert parallelism, symmetric memory: this expert's rows are still landing from the peers; the
+        # programs of experts whose rows are in start while the rest are on their way. The peers' writes
+        # come from other GPUs (and this rank's own from a launch before this one), so a waiting program
+        # holds up nothing that it waits for. Counts wrap around 2**32: compared by their int32 difference
+        want = tl.load(expected_ptr + expert)
+        seen = tl.atomic_add(arrived_ptr + expert, 0, sem="acquire", scope="sys")
+        while want - seen > 0:
+            seen = tl.atomic_add(arrived_ptr + expert, 0, sem="acquire", scope="sys")
     if A_TMA:  # x already in sorted order (FP8: quantize_sorted_rows), read as contiguous rows
         src = rows
     else:
@@ -107,12 +117,15 @@ def _gemm1_swiglu_kernel(
         store_sorted(h_ptr, h0, rows, row_ok, offs_n0, offs_n0 < H, H, INTERPRET)
 
 
-def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: str, sorted_rows: bool = False):
+def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: str, sorted_rows: bool = False,
+                 arrivals=None):
     """(g_NH, u_NH, h_NH) in out_dtype, expert-sorted rows; x_RD holds the plan's source rows.
 
     Block FP8: x_RD, w1_EHD, w3_EHD are `BlockScaled` (x 1x128, weights 128x128) and h comes back
     as a `BlockScaled` e4m3 [N, H] with 1x128 scales (g and u stay in out_dtype). `sorted_rows`: x_RD
-    holds the plan's rows already in sorted order ([N, D], FP8's `quantize_sorted_rows`), read through TMA."""
+    holds the plan's rows already in sorted order ([N, D], FP8's `quantize_sorted_rows`), read through TMA.
+    `arrivals` = (arrived, expected), int32 [E] each: each program first waits until its expert's
+    arrived count reaches the expected one (rows landing from EP peers, `pipeline.symm_transport`)."""
     fp8 = isinstance(x_RD, BlockScaled)
     x, w1, w3 = (t.data if fp8 else t for t in (x_RD, w1_EHD, w3_EHD))
     N = plan.num_rows
@@ -137,12 +150,13 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     a_tma = sorted_rows
     assert not sorted_rows or tma_ok(x), "sorted rows are read through TMA: contiguous, 16-byte aligned rows"
     x_in = matrix_descriptor(x, [cfg.block_m, cfg.block_k]) if a_tma else x
+    arrived, expected = arrivals if arrivals is not None else (plan.offsets_E1, plan.offsets_E1)
     _gemm1_swiglu_kernel[grid](
         x_in, w1_t, w3_t, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, g, u, h, *scales,
-        D, H, plan.rows_per_token, x.stride(0), w1.stride(0), w1.stride(1),
+        arrived, expected, D, H, plan.rows_per_token, x.stride(0), w1.stride(0), w1.stride(1),
         BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         A_TMA=a_tma,
-        W_TMA=use_tma, FP8=fp8,
+        W_TMA=use_tma, FP8=fp8, WAIT=arrivals is not None,
         INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return g, u, h_out

@@ -27,8 +27,9 @@ from .common import INTERPRET
 
 
 @triton.jit
-def _scatter_rows_kernel(src_ptr, index_ptr, dst_rank_ptr, dst_row_ptr, row_addrs_ptr, n, C, stride_src,
-                         HAS_INDEX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _scatter_rows_kernel(src_ptr, index_ptr, dst_rank_ptr, dst_row_ptr, row_addrs_ptr, dst_expert_ptr,
+                         counter_addrs_ptr, n, C, stride_src,
+                         HAS_INDEX: tl.constexpr, COUNT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -42,6 +43,13 @@ def _scatter_rows_kernel(src_ptr, index_ptr, dst_rank_ptr, dst_row_ptr, row_addr
     dst_row = tl.load(dst_row_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     base = tl.load(row_addrs_ptr + rank, mask=row_ok, other=0).to(tl.pointer_type(src_ptr.dtype.element_ty))
     tl.store(base[:, None] + dst_row[:, None] * C + cols[None, :], vals, mask=mask)
+    if COUNT:
+        # one count per row and column block, after every thread of the program has stored its part
+        # (the barrier), released at system scope: a reader that acquires the count sees the row
+        tl.debug_barrier()
+        expert = tl.load(dst_expert_ptr + rows, mask=row_ok, other=0)
+        counters = tl.load(counter_addrs_ptr + rank, mask=row_ok, other=0).to(tl.pointer_type(tl.int32))
+        tl.atomic_add(counters + expert, 1, mask=row_ok, sem="release", scope="sys")
 
 
 @triton.jit
@@ -61,22 +69,37 @@ def _wait_kernel(flags_ptr, epoch, world, BLOCK: tl.constexpr):
         seen = tl.atomic_add(flags_ptr + peers, 0, mask=ok, sem="acquire", scope="sys")
 
 
+def column_blocks(C: int) -> int:
+    """How many programs share one row of C elements in `scatter_rows` (each counts the row once)."""
+    return triton.cdiv(C, _block_c(C))
+
+
+def _block_c(C: int) -> int:
+    return min(triton.next_power_of_2(C), 16 if INTERPRET else 1024)
+
+
 def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor, row_addresses: torch.Tensor,
-                 index: torch.Tensor | None = None) -> None:
+                 index: torch.Tensor | None = None, counts=None) -> None:
     """Row i (rows[index[i]] with `index`, else rows[i]; rows 2-D [*, C]) to row dst_row[i] of rank
     dst_rank[i]'s row area, whose address in this process is row_addresses[dst_rank[i]] (int64 on the
-    device; a peer's mapped buffer or this rank's own). One launch for every destination."""
+    device; a peer's mapped buffer or this rank's own). One launch for every destination.
+
+    counts = (counter_addresses, dst_expert): after writing its part of row i, each program adds 1 to
+    int32 counter dst_expert[i] of rank dst_rank[i] (at counter_addresses[rank]), so a counter reaches
+    rows x `column_blocks(C)` once all of an expert's rows have landed."""
     n = dst_rank.numel()
     C = rows.shape[1]
     if n == 0 or C == 0:
         return
     if rows.stride(1) != 1:
         rows = rows.contiguous()
-    block_c = min(triton.next_power_of_2(C), 16 if INTERPRET else 1024)
+    block_c = _block_c(C)
     block_r = 4 if INTERPRET else 8
+    counter_addresses, dst_expert = counts if counts is not None else (row_addresses, dst_rank)
     _scatter_rows_kernel[(triton.cdiv(n, block_r), triton.cdiv(C, block_c))](
-        rows, index if index is not None else dst_rank, dst_rank, dst_row, row_addresses, n, C, rows.stride(0),
-        HAS_INDEX=index is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
+        rows, index if index is not None else dst_rank, dst_rank, dst_row, row_addresses, dst_expert,
+        counter_addresses, n, C, rows.stride(0),
+        HAS_INDEX=index is not None, COUNT=counts is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
     )
 
 

@@ -38,7 +38,7 @@ from ..plan import RoutingPlan
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
 from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward
-from .symm_transport import exchange_symmetric, expert_sorted_ids
+from .symm_transport import exchange_symmetric, expert_sorted_ids, send_counted
 
 
 @dataclass(frozen=True)
@@ -144,11 +144,17 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         K = topk_ids_TK.shape[1]
         r = route(topk_ids_TK, E_local, group, transport)
         send = r.send_order_N
-        recv_x = exchange(x_TD, r, index=send // K)
-        recv_ids = received_ids(topk_ids_TK, r)
+        plan = received_plan(received_ids(topk_ids_TK, r), r)
         recv_scores = exchange(topk_scores_TK.float().reshape(-1), r, index=send)
-        plan = received_plan(recv_ids, r)
-        y_recv, residuals = ffn_forward(recv_x, plan, w1_EHD, w2_EDH, w3_EHD, recipe)
+        if r.transport == "symm_mem":
+            # GEMM1 starts on the experts whose rows have landed while the rest are on their way; x is
+            # cast to the operand dtype before it leaves, so GEMM1 reads the landing rows in place
+            landing, arrivals, finish = send_counted(recipe.operand(x_TD), r, send // K)
+            y_recv, residuals = ffn_forward(landing, plan, w1_EHD, w2_EDH, w3_EHD, recipe, arrivals)
+            recv_x = finish()  # the weight gradients need the rows after the buffer is reused
+        else:
+            recv_x = exchange(x_TD, r, index=send // K)
+            y_recv, residuals = ffn_forward(recv_x, plan, w1_EHD, w2_EDH, w3_EHD, recipe)
         y_ND = to_routed_order(exchange(y_recv, r, back=True), r)
         out = combine(y_ND, topk_scores_TK.float().contiguous(), K, x_TD.dtype)
         torch._assert_async(plan.ids_ok, "titan_megamoe.moe: a received expert id is not one of this rank's experts")

@@ -60,9 +60,11 @@ def _transposed_weights(residuals):
     return [BlockScaled(residuals[i], residuals[i + 1], WEIGHT_BLOCK) for i in (2, 4, 6)]
 
 
-def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe):
-    """(y rows [N, D] in row order, residuals)."""
+def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, arrivals=None):
+    """(y rows [N, D] in row order, residuals). `arrivals` (bf16): GEMM1's programs wait for their expert's
+    rows to land first (`gemm1_swiglu`); rows_RD must then already be the operand (read in place)."""
     if recipe.quantized():
+        assert arrivals is None, "expert parallelism runs bf16"
         pairs = [quantize_weight_pair(w) for w in (w1_EHD, w2_EDH, w3_EHD)]  # (W, W^T) each, one read
         (w1q, w1t), (w2q, w2t), (w3q, w3t) = pairs
         # x in sorted order: GEMM1 reads it through TMA (a gathered FP8 tile costs too many registers)
@@ -72,7 +74,9 @@ def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Reci
         return y_ND, [g, u, w1t.data, w1t.scale, w2t.data, w2t.scale, w3t.data, w3t.scale]
     p = BF16
     x = recipe.operand(rows_RD)
-    g, u, h = gemm1_swiglu(x, recipe.operand(w1_EHD), recipe.operand(w3_EHD), plan, recipe.activation, p)
+    assert arrivals is None or x is rows_RD, "rows still landing cannot be cast or copied before GEMM1 waits"
+    g, u, h = gemm1_swiglu(x, recipe.operand(w1_EHD), recipe.operand(w3_EHD), plan, recipe.activation, p,
+                           arrivals=arrivals)
     y_ND = expert_down_proj(h, recipe.operand(w2_EDH), plan, recipe.activation, p)
     return y_ND, [g, u]
 

@@ -27,10 +27,11 @@ buffers are reallocated (a collective: every rank takes the same decision at the
 headroom, never truncated. Memory per rank: about 1.25x (max over ranks of rows received) x the widest
 row, once per process group, not per layer.
 
-Where this stands (2026-12-04): rows are written by a Triton kernel into expert-sorted places and their
-arrival is signalled by per-source flags, but the flags say "all of rank s's rows are here", not per
-expert, and GEMM1 does not wait on them yet: nothing overlaps the expert GEMMs. The first barrier is `_SymmetricMemory.barrier`
-(signal pads). On CPU (gloo, the CI tests) the same protocol runs on shared-memory files (`/dev/shm`)
+The x rows also raise per-expert counters (`send_counted`): GEMM1's programs wait for their expert's
+count and read the landing rows in place, so GEMM1 overlaps the transfer of the experts still in flight.
+
+Where this stands (2026-12-04): GEMM2 does not write into the sources' buffers yet and the backward does
+not overlap. The first barrier is `_SymmetricMemory.barrier` (signal pads). On CPU (gloo, the CI tests) the same protocol runs on shared-memory files (`/dev/shm`)
 mapped by every rank, the kernels in Triton's interpreter, with `dist.barrier` as the barrier: a stand-in
 for tests, not a transport for training. torch's CUDA symmetric memory refuses two ranks on one GPU
 (docs/ep.md), so the CUDA side runs on one H200 only as one rank; the kernel version has not run on a
@@ -46,18 +47,20 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from ..kernels.peer_rows import scatter_rows, signal_peers, wait_for_peers
+from ..kernels.peer_rows import column_blocks, scatter_rows, signal_peers, wait_for_peers
 
-_HEADER = 4096  # bytes before the rows: the flags, one int32 per rank (up to 1024 ranks), 16-byte aligned rows
+# each buffer: [flags: int32 per rank][counters: int32 per local expert][rows], 16-byte aligned rows
+_FLAGS, _COUNTERS = 4096, 4096  # bytes: up to 1024 ranks, 1024 local experts
+_HEADER = _FLAGS + _COUNTERS
 _HEADROOM = 1.25  # reallocate with room to spare: routing shifts a little from step to step
 _ALIGN = 1 << 20
 
 
-def _address_tables(buffer_addresses: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's buffer address in this process -> (its flags', its rows' addresses), int64 on the
-    device: the tables the transport kernels index by rank."""
+def _address_tables(buffer_addresses: list[int], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every rank's buffer address in this process -> (its flags', its counters', its rows' addresses),
+    int64 on the device: the tables the transport kernels index by rank."""
     flags = torch.tensor(buffer_addresses, dtype=torch.int64, device=device)
-    return flags, flags + _HEADER
+    return flags, flags + _FLAGS, flags + _HEADER
 
 
 class _CudaSymmetricBuffers:
@@ -81,7 +84,9 @@ class _CudaSymmetricBuffers:
         self.nbytes = nbytes
         world = dist.get_world_size(self._group)
         self.flags = self._local[:4 * world].view(torch.int32)
-        self.flag_addresses, self.row_addresses = _address_tables(
+        self.counters = self._local[_FLAGS:_HEADER].view(torch.int32)
+        self.counted = None  # what each counter reads once every exchange so far has landed (host side)
+        self.flag_addresses, self.counter_addresses, self.row_addresses = _address_tables(
             [self._handle.get_buffer(r, (1,), torch.uint8, 0).data_ptr() for r in range(world)], self._device)
 
     def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
@@ -115,7 +120,10 @@ class _SharedFileBuffers:
         os.unlink(path(self._rank))  # the mappings stay valid; nothing is left in /dev/shm
         self.nbytes = nbytes
         self.flags = self._maps[self._rank][:4 * self._world].view(torch.int32)
-        self.flag_addresses, self.row_addresses = _address_tables([m.data_ptr() for m in self._maps], "cpu")
+        self.counters = self._maps[self._rank][_FLAGS:_HEADER].view(torch.int32)
+        self.counted = None
+        self.flag_addresses, self.counter_addresses, self.row_addresses = _address_tables(
+            [m.data_ptr() for m in self._maps], "cpu")
 
     def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
         flat = self._maps[rank][_HEADER:].view(dtype)
@@ -156,7 +164,8 @@ def expert_sorted_ids(r) -> torch.Tensor:
 
 def _maps(r, back: bool):
     """Where each row goes, (destination rank [n] int32, destination row [n] int64, rows this rank gets,
-    the most rows any rank gets), all from the counts every rank holds.
+    the most rows any rank gets, out: the destination's local expert [n] int32), all from the counts
+    every rank holds.
 
     Out to the experts' owners, row i of this rank's send order (global expert g, sorted by expert) lands
     at expert g's rows on rank g // E, after the rows of g from lower ranks: each owner's rows end up
@@ -179,7 +188,7 @@ def _maps(r, back: bool):
         g = torch.repeat_interleave(torch.arange(G, device=device), C[me].to(device), output_size=n)
         base = (start + before[me] - send_start[me]).to(device)
         maps = ((g // E).to(torch.int32), base[g] + torch.arange(n, device=device), int(received[me]),
-                int(received.max()))
+                int(received.max()), (g % E).to(torch.int32))
     else:
         lengths = C[:, me * E:(me + 1) * E].T.reshape(-1)  # received segments (local expert e, source s), e-major
         seg_first = lengths.cumsum(0) - lengths
@@ -189,26 +198,55 @@ def _maps(r, back: bool):
         lengths = lengths.to(device)
         rank = torch.repeat_interleave(seg_rank.to(device), lengths, output_size=n)
         row = torch.repeat_interleave((seg_slot - seg_first).to(device), lengths, output_size=n)
-        maps = (rank.to(torch.int32), row + torch.arange(n, device=device), int(sent[me]), int(sent.max()))
+        maps = (rank.to(torch.int32), row + torch.arange(n, device=device), int(sent[me]), int(sent.max()), None)
     r.cache[key] = maps
     return maps
 
 
-def exchange_symmetric(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None = None) -> torch.Tensor:
-    """The rows this rank receives: out to the experts' owners (rows in send order: rows[index] when
-    `index` is given, read in place), sorted by expert; or `back` to the tokens' ranks, in send order."""
+def _send(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None, count: bool):
+    """Steps 1-3a of an exchange: barrier, every row to its place (and, `count`, the destination's
+    per-expert counters raised), this rank's flag raised in every peer. Returns (buffers, rows here, maps)."""
     assert index is None or not back, "rows go back from where they were received, not by an index"
     me = dist.get_rank(r.group)
-    row_shape = tuple(rows.shape[1:])
-    row_numel = math.prod(row_shape)
-    dst_rank, dst_row, n_out, most = _maps(r, back)
+    row_numel = math.prod(rows.shape[1:])
+    dst_rank, dst_row, n_out, most, dst_expert = _maps(r, back)
     bufs = _buffers(r.group, rows.device)
     need = most * row_numel * rows.element_size()
     if need > bufs.nbytes:  # every rank computes the same `need`: the reallocation is collective
         bufs.allocate(max(_ALIGN, -(-int(need * _HEADROOM) // _ALIGN) * _ALIGN))
     bufs.barrier()  # peers have copied the previous exchange out of their buffers
     bufs.epoch += 1  # every rank counts the same exchanges in the same order
-    scatter_rows(rows.reshape(rows.shape[0], row_numel), dst_rank, dst_row, bufs.row_addresses, index)
+    counts = (bufs.counter_addresses, dst_expert) if count else None
+    scatter_rows(rows.reshape(rows.shape[0], row_numel), dst_rank, dst_row, bufs.row_addresses, index, counts)
     signal_peers(bufs.flag_addresses, me, bufs.epoch)  # after this rank's rows, on the same stream
+    return bufs, bufs.view(me, rows.dtype, (n_out, *rows.shape[1:]), 0)
+
+
+def exchange_symmetric(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows this rank receives: out to the experts' owners (rows in send order: rows[index] when
+    `index` is given, read in place), sorted by expert; or `back` to the tokens' ranks, in send order."""
+    bufs, received = _send(rows, r, back, index, count=False)
     wait_for_peers(bufs.flags, bufs.epoch)  # every peer's rows for this rank have landed
-    return bufs.view(me, rows.dtype, (n_out, *row_shape), 0).clone()
+    return received.clone()
+
+
+def send_counted(rows: torch.Tensor, r, index: torch.Tensor):
+    """Out to the experts' owners, as `exchange_symmetric`, but returns at once with (the rows as they
+    land, in this rank's buffer; (arrived, expected) per local expert, for `gemm1_swiglu(arrivals=...)`;
+    `finish`, which waits for every peer and returns the rows copied out of the buffer). Between the two,
+    only reads of the landing rows that first wait on their expert's count are safe."""
+    bufs, landing = _send(rows, r, False, index, count=True)
+    C, me, E = _counts(r)
+    landed = _received_per_expert(C, me, E) * column_blocks(math.prod(rows.shape[1:]))
+    if bufs.counted is None:  # new buffers: their counters start at zero
+        bufs.counted = torch.zeros(_COUNTERS // 4, dtype=torch.int64)
+    # counters are never reset: they count modulo 2**32, and GEMM1 compares with wrap-around arithmetic
+    bufs.counted[:E] = (bufs.counted[:E] + landed) % 2**32
+    expected = (((bufs.counted[:E] + 2**31) % 2**32) - 2**31).to(torch.int32).to(landing.device)
+    arrivals = (bufs.counters[:E], expected)
+
+    def finish() -> torch.Tensor:
+        wait_for_peers(bufs.flags, bufs.epoch)
+        return landing.clone()
+
+    return landing, arrivals, finish
