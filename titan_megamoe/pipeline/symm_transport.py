@@ -31,9 +31,9 @@ The x rows also raise per-expert counters (`send_counted`): GEMM1's programs wai
 count and read the landing rows in place, so GEMM1 overlaps the transfer of the experts still in flight.
 
 Where this stands (2026-12-04): GEMM2 does not write into the sources' buffers yet and the backward does
-not overlap. The first barrier is `_SymmetricMemory.barrier` (signal pads). On CPU (gloo, the CI tests) the same protocol runs on shared-memory files (`/dev/shm`)
-mapped by every rank, the kernels in Triton's interpreter, with `dist.barrier` as the barrier: a stand-in
-for tests, not a transport for training. torch's CUDA symmetric memory refuses two ranks on one GPU
+not overlap. The first barrier is `_SymmetricMemory.barrier` (signal pads). On CPU (gloo, the CI tests)
+the same protocol runs on shared-memory files (`/dev/shm`) mapped by every rank, the kernels in Triton's
+interpreter, with `dist.barrier` as the barrier: a stand-in for tests, not a transport for training. torch's CUDA symmetric memory refuses two ranks on one GPU
 (docs/ep.md), so the CUDA side runs on one H200 only as one rank; the kernel version has not run on a
 GPU yet.
 """
@@ -205,11 +205,16 @@ def _maps(r, back: bool):
 
 def _send(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None, count: bool):
     """Steps 1-3a of an exchange: barrier, every row to its place (and, `count`, the destination's
-    per-expert counters raised), this rank's flag raised in every peer. Returns (buffers, rows here, maps)."""
+    per-expert counters raised), this rank's flag raised in every peer. Returns (buffers, this rank's
+    received rows as they land in its buffer)."""
     assert index is None or not back, "rows go back from where they were received, not by an index"
     me = dist.get_rank(r.group)
     row_numel = math.prod(rows.shape[1:])
     dst_rank, dst_row, n_out, most, dst_expert = _maps(r, back)
+    if len(r.expert_counts) > _FLAGS // 4 or r.num_local_experts > _COUNTERS // 4:
+        raise ValueError(f"ep_transport='symm_mem' supports up to {_FLAGS // 4} EP ranks and {_COUNTERS // 4} local "
+                         f"experts per rank, got {len(r.expert_counts)} and {r.num_local_experts}; use "
+                         f"ep_transport='all_to_all'")
     bufs = _buffers(r.group, rows.device)
     need = most * row_numel * rows.element_size()
     if need > bufs.nbytes:  # every rank computes the same `need`: the reallocation is collective
