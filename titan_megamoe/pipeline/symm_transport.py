@@ -33,9 +33,9 @@ count and read the landing rows in place, so GEMM1 overlaps the transfer of the 
 Where this stands (2026-12-04): GEMM2 does not write into the sources' buffers yet and the backward does
 not overlap. The first barrier is `_SymmetricMemory.barrier` (signal pads). On CPU (gloo, the CI tests)
 the same protocol runs on shared-memory files (`/dev/shm`) mapped by every rank, the kernels in Triton's
-interpreter, with `dist.barrier` as the barrier: a stand-in for tests, not a transport for training. torch's CUDA symmetric memory refuses two ranks on one GPU
-(docs/ep.md), so the CUDA side runs on one H200 only as one rank; the kernel version has not run on a
-GPU yet.
+interpreter, with `dist.barrier` as the barrier: a stand-in for tests, not a transport for training.
+torch's CUDA symmetric memory refuses two ranks on one GPU (docs/ep.md), so the CUDA side runs on one
+H200 only as one rank; the kernel version has not run on a GPU yet.
 """
 
 from __future__ import annotations
