@@ -26,6 +26,7 @@ No token is dropped: receive buffers are sized from the exchanged counts, whatev
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -53,7 +54,7 @@ class Route:
     transport: str = "all_to_all"  # or "symm_mem"
     cache: dict = field(default_factory=dict, compare=False, repr=False)  # the transport's per-route maps
 
-    @property
+    @functools.cached_property
     def counts(self) -> list[list[int]]:
         """counts[s][q]: rows rank s sends to rank q."""
         E = self.num_local_experts
