@@ -6,6 +6,10 @@ softmax-normalised top-k scores in fp32, and routing patterns that stress the ke
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -97,3 +101,15 @@ def assert_flash_rule(got: dict, ref64: dict, torch_bf16: dict, factor: float = 
         assert err <= factor * max(base, floor), (f"{name}: kernel error {err:.3e} > {factor} x max(torch bf16 error "
                                                   f"{base:.3e}, floor {floor:.3e})")
     return report
+
+
+def sm90_compile_results(script: str, timeout: int = 600) -> dict:
+    """Run a script that compiles kernels for sm_90 (scripts/sm90_resources.py) in a fresh process from the
+    repository root, without TRITON_INTERPRET (under the interpreter nothing compiles), and return the
+    JSON object its last output line prints."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])

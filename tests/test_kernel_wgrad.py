@@ -8,17 +8,14 @@ write (an empty expert, a ragged edge) fails the test.
 """
 
 import contextlib
-import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from moe_cases import sm90_compile_results
 from titan_megamoe import oracle
 from titan_megamoe.kernels import wgrad
 from titan_megamoe.kernels.common import INTERPRET
@@ -229,13 +226,7 @@ print(json.dumps({f"{kind}{'_sorted_copy' if c else ''}": compile_sm90(kind, c) 
 
 @pytest.fixture(scope="module")
 def sm90_compiles():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "-c", _SM90_COMPILE], capture_output=True, text=True, env=env, cwd=root, timeout=300
-    )
-    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return sm90_compile_results(_SM90_COMPILE, timeout=300)
 
 
 @pytest.mark.parametrize("kind", ["w2", "w13", "w2_sorted_copy", "w13_sorted_copy"])

@@ -2,14 +2,10 @@
 process: each "peer buffer" is an ordinary tensor whose address stands in for the mapped peer pointer.
 The multi-process protocol (shared-memory files, gloo barriers, every rank's flags) is tests/test_ep.py's."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
+from moe_cases import sm90_compile_results
 from titan_megamoe.kernels.common import INTERPRET
 from titan_megamoe.kernels.peer_rows import scatter_rows, signal_peers, wait_for_peers
 
@@ -121,13 +117,9 @@ print(json.dumps(out))
 
 def test_transport_kernels_compile_for_sm90():
     """Integer-to-pointer casts of peer addresses, system-scope release/acquire atomics and the spin loops
-    (the flags' wait and GEMM1's wait for its expert's rows, which must still lower to wgmma) compile for sm_90 (Triton's bundled ptxas, no GPU needed; a fresh process without the interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", _SM90], capture_output=True, text=True, env=env, cwd=root,
-                          timeout=300)
-    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
-    usage = json.loads(proc.stdout.strip().splitlines()[-1])
+    (the flags' wait and GEMM1's wait for its expert's rows, which must still lower to wgmma) compile for
+    sm_90 (Triton's bundled ptxas, no GPU needed)."""
+    usage = sm90_compile_results(_SM90, timeout=300)
     assert set(usage) == {"scatter*bf16", "scatter*fp32", "scatter*i64", "signal", "wait", "gemm1_wait"}
     assert usage["gemm1_wait"].endswith(" wgmma"), usage["gemm1_wait"]
     assert all(u.startswith("REG:") for u in usage.values()), usage

@@ -329,16 +329,8 @@ def test_quantizers_compile_for_sm90():
     """Every quantizer launch configuration compiles for sm_90 (on the CPU, no GPU needed). The interpreter runs code the
     compiler rejects: a kernel reading a plain module global (not a constexpr) passed every CPU test and
     failed to compile on the H200 (2026-12-04)."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from moe_cases import sm90_compile_results
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    p = subprocess.run([sys.executable, "-c", _SM90_QUANTIZERS], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    usage = json.loads(p.stdout.strip().splitlines()[-1])
+    usage = sm90_compile_results(_SM90_QUANTIZERS)
     assert len(usage) == 12, sorted(usage)
     assert all("REG:" in u for u in usage.values()), usage

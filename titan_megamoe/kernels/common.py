@@ -105,6 +105,12 @@ def matrix_descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescript
     return TensorDescriptor.from_tensor(t.reshape(-1, t.shape[-1]), block_shape)
 
 
+def row_copy_blocks(C: int) -> tuple[int, int]:
+    """(rows, columns) per program of the row-copy kernels (`sorted_rows`, `peer_rows.scatter_rows`) for
+    rows of C elements: up to 1024 columns, small tiles in the interpreter (fast CPU tests)."""
+    return (4, min(triton.next_power_of_2(C), 16)) if INTERPRET else (8, min(triton.next_power_of_2(C), 1024))
+
+
 def new_output(shape, dtype, device):
     """Allocate a kernel output. TITAN_MEGAMOE_POISON=1 fills it with NaN first, so an element a kernel
     forgot to write shows up in the checks instead of silently holding stale memory (integer outputs get

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET
+from .common import row_copy_blocks
 
 
 @triton.jit
@@ -71,11 +71,7 @@ def _wait_kernel(flags_ptr, epoch, world, BLOCK: tl.constexpr):
 
 def column_blocks(C: int) -> int:
     """How many programs share one row of C elements in `scatter_rows` (each counts the row once)."""
-    return triton.cdiv(C, _block_c(C))
-
-
-def _block_c(C: int) -> int:
-    return min(triton.next_power_of_2(C), 16 if INTERPRET else 1024)
+    return triton.cdiv(C, row_copy_blocks(C)[1])
 
 
 def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor, row_addresses: torch.Tensor,
@@ -93,8 +89,7 @@ def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tens
         return
     if rows.stride(1) != 1:
         rows = rows.contiguous()
-    block_c = _block_c(C)
-    block_r = 4 if INTERPRET else 8
+    block_r, block_c = row_copy_blocks(C)
     counter_addresses, dst_expert = counts if counts is not None else (row_addresses, dst_rank)
     _scatter_rows_kernel[(triton.cdiv(n, block_r), triton.cdiv(C, block_c))](
         rows, index if index is not None else dst_rank, dst_rank, dst_row, row_addresses, dst_expert,

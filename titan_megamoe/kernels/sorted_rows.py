@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..plan import RoutingPlan
-from .common import INTERPRET, new_output
+from .common import new_output, row_copy_blocks
 
 
 @triton.jit
@@ -44,8 +44,7 @@ def sorted_rows(rows_RD: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     if rows_RD.stride(1) != 1:
         rows_RD = rows_RD.contiguous()
     num_src = N // K
-    block_d = min(triton.next_power_of_2(D), 16 if INTERPRET else 1024)
-    block_t = 4 if INTERPRET else 8
+    block_t, block_d = row_copy_blocks(D)
     _sorted_rows_kernel[(triton.cdiv(num_src, block_t), triton.cdiv(D, block_d))](
         rows_RD, plan.inv_N, out, num_src, D, rows_RD.stride(0), K=K, BLOCK_T=block_t, BLOCK_D=block_d,
         num_warps=8,

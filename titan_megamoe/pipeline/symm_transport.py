@@ -144,19 +144,18 @@ def _buffers(group, device: torch.device):
     return _BUFFERS[key]
 
 
-def _counts(r) -> tuple[torch.Tensor, int, int]:
-    """(expert counts [ranks, global experts] on the host, this rank, local experts per rank)."""
-    return torch.tensor(r.expert_counts, dtype=torch.int64), dist.get_rank(r.group), r.num_local_experts
-
-
-def _received_per_expert(C: torch.Tensor, rank: int, E: int) -> torch.Tensor:
-    return C[:, rank * E:(rank + 1) * E].sum(0)
+def _counts(r) -> tuple[torch.Tensor, int, int, torch.Tensor]:
+    """(expert counts [ranks, global experts] on the host, this rank, local experts per rank, rows this
+    rank receives per local expert), made once per route."""
+    if "counts" not in r.cache:
+        C, me, E = torch.tensor(r.expert_counts, dtype=torch.int64), dist.get_rank(r.group), r.num_local_experts
+        r.cache["counts"] = (C, me, E, C[:, me * E:(me + 1) * E].sum(0))
+    return r.cache["counts"]
 
 
 def expert_sorted_ids(r) -> torch.Tensor:
     """The global expert of each row this rank receives: the rows land sorted by expert (`_maps`)."""
-    C, me, E = _counts(r)
-    per_expert = _received_per_expert(C, me, E)
+    C, me, E, per_expert = _counts(r)
     device = r.send_order_N.device
     return torch.repeat_interleave(torch.arange(me * E, (me + 1) * E, device=device), per_expert.to(device),
                                    output_size=int(per_expert.sum()))
@@ -174,10 +173,10 @@ def _maps(r, back: bool):
     key = "back" if back else "out"
     if key in r.cache:
         return r.cache[key]
-    C, me, E = _counts(r)
+    C, me, E, _ = _counts(r)
     W, G = C.shape
     device = r.send_order_N.device
-    received = torch.stack([_received_per_expert(C, q, E).sum() for q in range(W)])
+    received = C.sum(0).view(W, E).sum(1)  # rows each rank receives
     sent = C.sum(1)
     send_start = C.cumsum(1) - C  # [s, g]: first send slot of expert g on rank s
     if not back:
@@ -241,8 +240,8 @@ def send_counted(rows: torch.Tensor, r, index: torch.Tensor):
     `finish`, which waits for every peer and returns the rows copied out of the buffer). Between the two,
     only reads of the landing rows that first wait on their expert's count are safe."""
     bufs, landing = _send(rows, r, False, index, count=True)
-    C, me, E = _counts(r)
-    landed = _received_per_expert(C, me, E) * column_blocks(math.prod(rows.shape[1:]))
+    _, _, E, per_expert = _counts(r)
+    landed = per_expert * column_blocks(math.prod(rows.shape[1:]))
     if bufs.counted is None:  # new buffers: their counters start at zero
         bufs.counted = torch.zeros(_COUNTERS // 4, dtype=torch.int64)
     # counters are never reset: they count modulo 2**32, and GEMM1 compares with wrap-around arithmetic
