@@ -57,6 +57,7 @@ def test_gemm1_waits_for_its_experts_rows_to_land():
     import threading
     import time
 
+    from titan_megamoe.kernels.configs import row_block_m
     from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
@@ -65,7 +66,7 @@ def test_gemm1_waits_for_its_experts_rows_to_land():
     ids = torch.tensor([0, 0, 0, 1, 2, 2, 2, 2, 2], device=DEVICE)  # landed sorted by expert
     x = torch.randn(ids.numel(), D, generator=gen).to(torch.bfloat16).to(DEVICE)
     w1, w3 = ((torch.randn(E, H, D, generator=gen) / D**0.5).to(torch.bfloat16).to(DEVICE) for _ in range(2))
-    plan = build_routing_plan(ids, E, 16)
+    plan = build_routing_plan(ids, E, row_block_m())  # the tiles the kernels' configs take
     want = gemm1_swiglu(x, w1, w3, plan, torch.bfloat16, "bf16")
     landing = torch.full_like(x, float("nan"))
     arrived = torch.zeros(E, dtype=torch.int32, device=DEVICE)
@@ -98,8 +99,8 @@ for dt in ("*bf16", "*fp32", "*i64"):
                                        {k for k in sig if k.endswith("_ptr")}, 4, 1)["usage"]
 out["signal"] = compile_sm90(p._signal_kernel, dict(flag_addrs_ptr="*i64", me="i32", epoch="i32", world="i32"),
                              dict(BLOCK=8), {"flag_addrs_ptr"}, 4, 1)["usage"]
-out["wait"] = compile_sm90(p._wait_kernel, dict(flags_ptr="*i32", epoch="i32", world="i32"), dict(BLOCK=8),
-                           {"flags_ptr"}, 4, 1)["usage"]
+out["wait"] = compile_sm90(p._wait_kernel, dict(flags_ptr="*i32", epoch="i32", world="i32"), {}, {"flags_ptr"}, 4,
+                           1)["usage"]
 from titan_megamoe.kernels.gemm1_swiglu import _gemm1_swiglu_kernel
 from titan_megamoe.kernels.configs import tile_config
 cfg = tile_config("gemm1_swiglu", 2048, 768)

@@ -61,12 +61,13 @@ def _signal_kernel(flag_addrs_ptr, me, epoch, world, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _wait_kernel(flags_ptr, epoch, world, BLOCK: tl.constexpr):
-    peers = tl.arange(0, BLOCK)
-    ok = peers < world
-    seen = tl.atomic_add(flags_ptr + peers, 0, mask=ok, sem="acquire", scope="sys")
-    while tl.min(tl.where(ok, seen, epoch)) < epoch:
-        seen = tl.atomic_add(flags_ptr + peers, 0, mask=ok, sem="acquire", scope="sys")
+def _wait_kernel(flags_ptr, epoch, world):
+    # one scalar spin per peer: Triton 3.6 fails to compile (RemoveLayoutConversions) a spin loop that
+    # carries a tensor of all the peers' flags; a flag once up stays up, so waiting in turn is the same
+    for peer in range(world):
+        seen = tl.atomic_add(flags_ptr + peer, 0, sem="acquire", scope="sys")
+        while seen < epoch:
+            seen = tl.atomic_add(flags_ptr + peer, 0, sem="acquire", scope="sys")
 
 
 def column_blocks(C: int) -> int:
@@ -106,5 +107,4 @@ def signal_peers(flag_addresses: torch.Tensor, me: int, epoch: int) -> None:
 
 def wait_for_peers(flags: torch.Tensor, epoch: int) -> None:
     """Return (on the stream) once every entry of this rank's flags (int32 [world]) has reached `epoch`."""
-    world = flags.numel()
-    _wait_kernel[(1,)](flags, epoch, world, BLOCK=triton.next_power_of_2(world))
+    _wait_kernel[(1,)](flags, epoch, flags.numel())
