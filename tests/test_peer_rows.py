@@ -52,8 +52,9 @@ def test_flags_carry_the_epoch_from_every_peer():
 
 def test_gemm1_waits_for_its_experts_rows_to_land():
     """GEMM1 with `arrivals` (the EP symmetric-memory path): started while the rows and the per-expert
-    counts are not there yet, it waits; once another thread has written the rows and raised the counts it
-    finishes with exactly the result of GEMM1 on rows that were there from the start."""
+    counts are not there yet, it waits; once the rows are written and the counts raised (from another
+    stream on the GPU, another thread in the interpreter, whose launches block) it finishes with exactly
+    the result of GEMM1 on rows that were there from the start."""
     import threading
     import time
 
@@ -71,18 +72,37 @@ def test_gemm1_waits_for_its_experts_rows_to_land():
     landing = torch.full_like(x, float("nan"))
     arrived = torch.zeros(E, dtype=torch.int32, device=DEVICE)
     expected = torch.bincount(ids, minlength=E).to(torch.int32)
-    result = {}
-    worker = threading.Thread(target=lambda: result.update(
-        out=gemm1_swiglu(landing, w1, w3, plan, torch.bfloat16, "bf16", arrivals=(arrived, expected))))
-    worker.start()
-    time.sleep(0.5)
-    assert worker.is_alive(), "GEMM1 did not wait for the rows"
-    landing.copy_(x)
-    arrived.copy_(expected)
-    worker.join(timeout=120)
-    assert not worker.is_alive()
-    for got, ref in zip(result["out"], want):
-        assert torch.equal(got, ref)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        waiter, feeder = torch.cuda.Stream(), torch.cuda.Stream()
+        with torch.cuda.stream(waiter):
+            got = gemm1_swiglu(landing, w1, w3, plan, torch.bfloat16, "bf16", arrivals=(arrived, expected))
+            done = torch.cuda.Event()
+            done.record()
+        time.sleep(0.5)
+        assert not done.query(), "GEMM1 did not wait for the rows"
+        with torch.cuda.stream(feeder):
+            landing.copy_(x)  # rows first, counts after them (one stream: in that order)
+            arrived.copy_(expected)
+        for _ in range(600):
+            if done.query():
+                break
+            time.sleep(0.1)
+        assert done.query(), "GEMM1 still waits after its rows landed"
+    else:
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(
+            out=gemm1_swiglu(landing, w1, w3, plan, torch.bfloat16, "bf16", arrivals=(arrived, expected))))
+        worker.start()
+        time.sleep(0.5)
+        assert worker.is_alive(), "GEMM1 did not wait for the rows"
+        landing.copy_(x)
+        arrived.copy_(expected)
+        worker.join(timeout=120)
+        assert not worker.is_alive()
+        got = result["out"]
+    for g, ref in zip(got, want):
+        assert torch.equal(g, ref)
 
 
 _SM90 = r"""
