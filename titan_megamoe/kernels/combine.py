@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from .common import INTERPRET, cast_rne, new_output
+from .launch import launch
 
 
 @triton.jit
@@ -39,7 +40,6 @@ def combine(y_ND: torch.Tensor, scores_TK: torch.Tensor | None, top_k: int, out_
         return out
     block_d = min(1024, triton.next_power_of_2(D))
     scores = scores_TK if scores_TK is not None else y_ND
-    _combine_kernel[(T, triton.cdiv(D, block_d))](
-        y_ND, scores, out, D, TOP_K=top_k, HAS_SCORES=scores_TK is not None, BLOCK_D=block_d, INTERPRET=INTERPRET, num_warps=4,
-    )
+    launch(_combine_kernel, (T, triton.cdiv(D, block_d)), y_ND, scores, out, D, TOP_K=top_k,
+           HAS_SCORES=scores_TK is not None, BLOCK_D=block_d, INTERPRET=INTERPRET, num_warps=4)
     return out

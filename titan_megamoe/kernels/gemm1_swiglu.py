@@ -30,6 +30,7 @@ import torch
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import INTERPRET, cast_rne, matrix_descriptor, new_output, tma_ok
+from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import store_row_halves_fp8, store_sorted, swiglu
 from .mainloop import row_mainloop
@@ -146,12 +147,12 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     use_tma = cfg.tma and tma_ok(w1, w3)
     if use_tma:
         w1_t, w3_t = (matrix_descriptor(w, [cfg.block_n, cfg.block_k]) for w in (w1, w3))
-    scales = (x_RD.scale, w1_EHD.scale, w3_EHD.scale, h_scale) if fp8 else (x, x, x, x)
+    scales = (x_RD.scale, w1_EHD.scale, w3_EHD.scale, h_scale) if fp8 else (None,) * 4  # read only with FP8
     a_tma = sorted_rows
     assert not sorted_rows or tma_ok(x), "sorted rows are read through TMA: contiguous, 16-byte aligned rows"
     x_in = matrix_descriptor(x, [cfg.block_m, cfg.block_k]) if a_tma else x
-    arrived, expected = arrivals if arrivals is not None else (plan.offsets_E1, plan.offsets_E1)
-    _gemm1_swiglu_kernel[grid](
+    arrived, expected = arrivals if arrivals is not None else (None, None)  # read only with WAIT
+    launch(_gemm1_swiglu_kernel, grid,
         x_in, w1_t, w3_t, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, g, u, h, *scales,
         arrived, expected, D, H, plan.rows_per_token, x.stride(0), w1.stride(0), w1.stride(1),
         BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

@@ -26,6 +26,7 @@ import triton.language as tl
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import INTERPRET, matrix_descriptor, new_output, tma_ok
+from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
 from .mainloop import row_mainloop
@@ -92,11 +93,11 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
             precision, sorted_out=False):
     fp8 = isinstance(a1, BlockScaled)
     two_pairs = b2 is not None
-    a2 = a2 if two_pairs else a1
-    b2 = b2 if two_pairs else b1
-    scales = [t.scale for t in (a1, b1, a2, b2)] if fp8 else None
+    # one pair: the second operands are None (the kernel reads them only with TWO_PAIRS), so the launch
+    # neither builds nor converts descriptors for them; likewise no scale pointers without FP8
+    scales = [t.scale if t is not None else None for t in (a1, b1, a2, b2)] if fp8 else [None] * 4
     if fp8:
-        a1, b1, a2, b2 = (t.data for t in (a1, b1, a2, b2))
+        a1, b1, a2, b2 = (t.data if t is not None else None for t in (a1, b1, a2, b2))
     N, kd = a1.shape
     out = new_output((N, nd), out_dtype, a1.device)
     cfg = tile_config(kernel_name, dim, hidden, precision)
@@ -107,14 +108,16 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     if fp8:
         assert b_trans and cfg.block_k == 128 and 128 % cfg.block_n == 0, \
             "block FP8 takes K-major weights, 128-wide K blocks and weight tiles inside one 128-column block"
-    use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(a1, a2, b1, b2)
+    operands = (a1, b1, a2, b2) if two_pairs else (a1, b1)
+    use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(*operands)
     if use_tma:
-        a1, a2 = (matrix_descriptor(a, [cfg.block_m, cfg.block_k]) for a in (a1, a2))
         b_block = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
-        b1, b2 = (matrix_descriptor(b, b_block) for b in (b1, b2))
-    _grouped_gemm_kernel[grid](
+        a1, b1 = matrix_descriptor(a1, [cfg.block_m, cfg.block_k]), matrix_descriptor(b1, b_block)
+        if two_pairs:
+            a2, b2 = matrix_descriptor(a2, [cfg.block_m, cfg.block_k]), matrix_descriptor(b2, b_block)
+    launch(_grouped_gemm_kernel, grid,
         a1, b1, a2, b2,
-        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *(scales or [out] * 4), kd, nd,
+        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *scales, kd, nd,
         *b_strides,
         TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize, SORTED_OUT=sorted_out,
         BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .common import row_copy_blocks
+from .launch import launch
 
 
 @triton.jit
@@ -92,7 +93,7 @@ def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tens
         rows = rows.contiguous()
     block_r, block_c = row_copy_blocks(C)
     counter_addresses, dst_expert = counts if counts is not None else (row_addresses, dst_rank)
-    _scatter_rows_kernel[(triton.cdiv(n, block_r), triton.cdiv(C, block_c))](
+    launch(_scatter_rows_kernel, (triton.cdiv(n, block_r), triton.cdiv(C, block_c)),
         rows, index if index is not None else dst_rank, dst_rank, dst_row, row_addresses, dst_expert,
         counter_addresses, n, C, rows.stride(0),
         HAS_INDEX=index is not None, COUNT=counts is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
@@ -102,9 +103,9 @@ def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tens
 def signal_peers(flag_addresses: torch.Tensor, me: int, epoch: int) -> None:
     """Set flag `me` to `epoch` in every rank's flag array (flag_addresses: int64 [world], on the device)."""
     world = flag_addresses.numel()
-    _signal_kernel[(1,)](flag_addresses, me, epoch, world, BLOCK=triton.next_power_of_2(world))
+    launch(_signal_kernel, (1,), flag_addresses, me, epoch, world, BLOCK=triton.next_power_of_2(world))
 
 
 def wait_for_peers(flags: torch.Tensor, epoch: int) -> None:
     """Return (on the stream) once every entry of this rank's flags (int32 [world]) has reached `epoch`."""
-    _wait_kernel[(1,)](flags, epoch, flags.numel())
+    launch(_wait_kernel, (1,), flags, epoch, flags.numel())

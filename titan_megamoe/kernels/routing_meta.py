@@ -1,19 +1,22 @@
-"""Routing metadata for the kernels in one launch after the sort: offsets, inverse order, tile schedule.
+"""The routing plan in two launches, without a sort: a counting sort by expert, stable in row order.
 
 `titan_megamoe.oracle.routing_plan` builds the same plan with ~30 small torch ops; on the GPU each op costs
-host launch time while the GPU sits idle before GEMM1 (measured: the forward's host time, not its
-kernels, was the gap to the target). Here the sort stays a torch op and one Triton kernel does the rest:
-  programs 0..P-1 (P = cdiv(n_tiles, BLOCK_T), at least 1): each finds offsets[e] = #(sorted ids < e)
-              by a vectorised binary search, the per-expert tile counts and their cumulative sum, then
-              writes the (expert, first row) of its own BLOCK_T tiles only; program 0 also writes the
-              offsets and a flag that is 1 when every id lies in [0, E) (offsets[0] == 0, offsets[E] == N);
-  programs P+: order (int64 from the sort) -> int32, and inv[order[p]] = p.
-The schedule used to be one program looping over every chunk, and that serial loop was the kernel's
-latency (52 us on an H200 at N=131072, E=128, BLOCK_M=128: 18 chunks), on the critical path before
-GEMM1. Repeating the cheap search in every schedule program cuts that to one search and one chunk.
-P follows from (N, E, BLOCK_M) on the host: no host sync, and the launch stays graph-capturable.
-Everything lands in one int32 buffer in `PlanLayout`'s order (the op's routing residual), so the
-backward reuses it as views. `titan_megamoe.oracle.routing_plan` is this kernel's oracle in the tests.
+host launch time while the GPU sits idle before GEMM1. The previous version sorted with `torch.sort` (after
+a clamp and an int16 cast) and ran one Triton kernel for the rest: 167 us of host time on the H200's host
+at T=512, against 15-20 us for a Triton launch (docs/kernels.md, host overhead). Now:
+  launch 1, one program per chunk of CH rows: the chunk's histogram over experts (bins 0..E-1; bin E
+      counts ids outside [first_expert, first_expert + E), bin E+1 the lanes past N);
+  launch 2, programs 0..C-1 (one per chunk): every expert's total and the count in earlier chunks (the
+      histograms, summed), so the first sorted position of each (expert, chunk); the chunk sorted in
+      registers by (expert, row) (`tl.sort`), and each row's position is that first position plus its
+      place in the sorted chunk: order[pos] = row, inv[row] = pos. Rows of an expert keep row order
+      (the order stock TorchTitan uses), so the plan is the oracle's, bit for bit.
+      Programs C..C+P-1 (P = cdiv(n_tiles, BLOCK_T), at least 1): the tile schedule, each its own
+      BLOCK_T tiles (the expert of tile t: how many experts' tile ranges end at or before t); program C
+      also writes the offsets and a flag that is 1 when every id was a local expert.
+Everything lands in one int32 buffer in `PlanLayout`'s order (the op's routing residual), so the backward
+reuses it as views. Sizes follow from (N, E, BLOCK_M) on the host: no host sync, graph-capturable.
+`titan_megamoe.oracle.routing_plan` is this kernel's oracle in the tests.
 """
 
 from __future__ import annotations
@@ -23,91 +26,115 @@ import triton
 import triton.language as tl
 
 from ..plan import PlanLayout, RoutingPlan, RowSource
+from .launch import launch
 
 
 @triton.jit
-def _lower_bound(sorted_ptr, n, n_iter, target):
-    """Per lane: the number of sorted values < target (binary search, all lanes in lockstep)."""
-    lo = tl.zeros_like(target)
-    hi = tl.zeros_like(target) + n
-    for _ in range(n_iter):
-        active = lo < hi
-        mid = (lo + hi) // 2
-        v = tl.load(sorted_ptr + mid, mask=active, other=0)
-        right = active & (v < target)
-        lo = tl.where(right, mid + 1, lo)
-        hi = tl.where(active & (v >= target), mid, hi)
-    return lo
+def _expert_bins(ids_ptr, chunk, n, first_expert, E, CH: tl.constexpr):
+    """(rows, bins) of one chunk: a row's local expert, E for an id of no local expert, E+1 past N."""
+    rows = chunk * CH + tl.arange(0, CH)
+    ok = rows < n
+    local = tl.load(ids_ptr + rows, mask=ok, other=0) - first_expert
+    bins = tl.where((local >= 0) & (local < E), local, E).to(tl.int32)
+    return rows, tl.where(ok, bins, E + 1)
 
 
 @triton.jit
-def _routing_meta_kernel(
-    sorted_ptr, order64_ptr, packed_ptr,
-    N, E, n_tiles, n_iter, n_tile_progs,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK: tl.constexpr,
+def _chunk_histogram_kernel(ids_ptr, hist_ptr, n, first_expert, E, CH: tl.constexpr, BLOCK_E: tl.constexpr):
+    chunk = tl.program_id(0)
+    _, bins = _expert_bins(ids_ptr, chunk, n, first_expert, E, CH)
+    tl.store(hist_ptr + chunk * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(bins, BLOCK_E))
+
+
+@triton.jit
+def _place_rows_kernel(
+    ids_ptr, hist_ptr, base_ptr, packed_ptr,
+    n, first_expert, E, n_chunks, n_tiles,
+    BLOCK_M: tl.constexpr, CH: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    inv_ptr = packed_ptr + N
-    offsets_ptr = packed_ptr + 2 * N
+    inv_ptr = packed_ptr + n
+    offsets_ptr = packed_ptr + 2 * n
     tile_expert_ptr = offsets_ptr + E + 1
     tile_row_ptr = tile_expert_ptr + n_tiles
     ok_ptr = tile_row_ptr + n_tiles
-    if pid < n_tile_progs:
-        e = tl.arange(0, BLOCK_E)
-        start_E = _lower_bound(sorted_ptr, N, n_iter, e)
-        end_E = _lower_bound(sorted_ptr, N, n_iter, e + 1)
-        if pid == 0:
-            tl.store(offsets_ptr + e, start_E, mask=e <= E)
-            first = tl.sum(tl.where(e == 0, start_E, 0))
-            last = tl.sum(tl.where(e == E, start_E, 0))
-            tl.store(ok_ptr, ((first == 0) & (last == N)).to(tl.int32))
-        tiles_E = tl.where(e < E, (end_E - start_E + BLOCK_M - 1) // BLOCK_M, 0)
+    e = tl.arange(0, BLOCK_E)
+    # every expert's rows, and (for a chunk program) those in the chunks before this one
+    total = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    before = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for c0 in range(0, n_chunks, BLOCK_C):
+        chunks = c0 + tl.arange(0, BLOCK_C)
+        h = tl.load(hist_ptr + chunks[:, None] * BLOCK_E + e[None, :], mask=(chunks < n_chunks)[:, None], other=0)
+        total += tl.sum(h, axis=0)
+        before += tl.sum(tl.where((chunks < pid)[:, None], h, 0), axis=0)
+    count = tl.where(e < E, total, 0)
+    start_E = tl.cumsum(count, 0) - count  # offsets[e]: the first sorted row of expert e
+    if pid < n_chunks:
+        _, bins = _expert_bins(ids_ptr, pid, n, first_expert, E, CH)
+        lane = tl.arange(0, CH)
+        # sorted by (expert, lane): an expert's rows of this chunk in row order, experts in order
+        key = tl.sort(bins * CH + lane)
+        sorted_bin = key // CH
+        mine = tl.load(hist_ptr + pid * BLOCK_E + e)
+        # sorted lane j of expert b goes to start_E[b] + before[b] + (j - first lane of b in the chunk)
+        tl.store(base_ptr + pid * BLOCK_E + e, start_E + before - (tl.cumsum(mine, 0) - mine))
+        tl.debug_barrier()  # the stores above, visible to the whole program before the gather below
+        placed = sorted_bin < E
+        pos = tl.load(base_ptr + pid * BLOCK_E + sorted_bin, mask=placed, other=0, cache_modifier=".cg") + lane
+        row = pid * CH + key % CH
+        tl.store(packed_ptr + pos, row, mask=placed)
+        tl.store(inv_ptr + row, pos, mask=placed)
+    else:
+        tp = pid - n_chunks
+        if tp == 0:
+            tl.store(offsets_ptr + e, tl.where(e < E, start_E, n), mask=e <= E)
+            # every row's id a local expert: bin E is empty (offsets[E] == N then)
+            tl.store(ok_ptr, (tl.sum(tl.where(e == E, total, 0)) == 0).to(tl.int32))
+        tiles_E = (count + BLOCK_M - 1) // BLOCK_M
         tile_end_E = tl.cumsum(tiles_E, 0)
         tile_start_E = tile_end_E - tiles_E
-        t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+        t = tp * BLOCK_T + tl.arange(0, BLOCK_T)
         # the expert of tile t: how many experts' tile ranges end at or before t
         expert = tl.sum((tile_end_E[None, :] <= t[:, None]).to(tl.int32), axis=1)
-        mine = e[None, :] == expert[:, None]
-        row = tl.sum(tl.where(mine, start_E[None, :] + (t[:, None] - tile_start_E[None, :]) * BLOCK_M, 0), axis=1)
+        hit = e[None, :] == expert[:, None]
+        first = tl.sum(tl.where(hit, start_E[None, :] + (t[:, None] - tile_start_E[None, :]) * BLOCK_M, 0), axis=1)
         valid = expert < E
         tl.store(tile_expert_ptr + t, tl.where(valid, expert, -1), mask=t < n_tiles)
-        tl.store(tile_row_ptr + t, tl.where(valid, row, 0), mask=t < n_tiles)
-    else:
-        p = (pid - n_tile_progs) * BLOCK + tl.arange(0, BLOCK)
-        ok = p < N
-        routed = tl.load(order64_ptr + p, mask=ok, other=0).to(tl.int32)
-        tl.store(packed_ptr + p, routed, mask=ok)
-        tl.store(inv_ptr + routed, p, mask=ok)
+        tl.store(tile_row_ptr + t, tl.where(valid, first, 0), mask=t < n_tiles)
 
 
-_BLOCK = 1024
 _BLOCK_T = 64
+
+
+def _chunk_rows(n: int) -> int:
+    """Rows per chunk: up to ~128 chunks (each chunk program sums every chunk's histogram), 256 to 4096
+    rows (one `tl.sort` in registers)."""
+    return min(4096, max(256, triton.next_power_of_2(triton.cdiv(n, 128))))
 
 
 def build_routing_plan(expert_ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int = 0) -> RoutingPlan:
     """The plan of rows routed to local experts [first_expert, first_expert + num_experts), with no host
     synchronisation: `expert_ids` is [T, K] (rows gathered from local tokens, K per token) or [N]
-    (contiguous rows, one each). Sizes follow from (N, E, block_m)."""
+    (contiguous rows, one each), any integer dtype. Sizes follow from (N, E, block_m)."""
     rows_per_token = expert_ids.shape[1] if expert_ids.dim() == 2 else 1
     ids_N = expert_ids.reshape(-1)
     n = ids_N.numel()
-    if first_expert:
-        ids_N = ids_N - first_expert
-    # stable: within an expert, rows keep token order (the order stock TorchTitan uses). Radix sort
-    # passes follow the key width (8 bits each): int64 ids take 8 passes and ~18 launches, int16 keys 2.
-    # Out-of-range ids clamp to -1 or E, which the kernel's ids_ok flag still catches.
-    if num_experts < 2**15 - 1 and ids_N.dtype != torch.int16:
-        ids_N = ids_N.clamp(-1, num_experts).to(torch.int16)
-    sorted_N, order_N = torch.sort(ids_N, stable=True)
     source = RowSource.GATHER if expert_ids.dim() == 2 else RowSource.CONTIGUOUS
     layout = PlanLayout(n, num_experts, block_m, rows_per_token, source, first_expert)
-    sizes = layout.segment_sizes
+    n_tiles = layout.segment_sizes[3]
+    ch = _chunk_rows(n)
+    n_chunks = triton.cdiv(n, ch)
+    block_e = triton.next_power_of_2(num_experts + 2)
     packed = torch.empty(layout.packed_size, dtype=torch.int32, device=ids_N.device)
-    # at least one schedule program, even with no tiles: program 0 also writes offsets and ids_ok
-    n_tile_progs = max(1, triton.cdiv(sizes[3], _BLOCK_T))
-    _routing_meta_kernel[(n_tile_progs + triton.cdiv(n, _BLOCK),)](
-        sorted_N, order_N, packed, n, num_experts, sizes[3], max(n, 1).bit_length(), n_tile_progs,
-        BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_T=_BLOCK_T, BLOCK=_BLOCK,
-        num_warps=4,
-    )
+    scratch = torch.empty(2 * n_chunks * block_e, dtype=torch.int32, device=ids_N.device)  # histograms, bases
+    hist, base = scratch[: n_chunks * block_e], scratch[n_chunks * block_e:]
+    warps = 8 if ch >= 2048 else 4
+    if n_chunks:
+        launch(_chunk_histogram_kernel, (n_chunks,), ids_N, hist, n, first_expert, num_experts, CH=ch,
+               BLOCK_E=block_e, num_warps=warps)
+    # at least one schedule program, even with no tiles: the first also writes offsets and ids_ok
+    n_tile_progs = max(1, triton.cdiv(n_tiles, _BLOCK_T))
+    launch(_place_rows_kernel, (n_chunks + n_tile_progs,), ids_N, hist, base, packed, n, first_expert, num_experts,
+           n_chunks, n_tiles, BLOCK_M=block_m, CH=ch, BLOCK_E=block_e, BLOCK_C=max(1, 8192 // block_e),
+           BLOCK_T=_BLOCK_T, num_warps=warps)
     return RoutingPlan.from_packed(packed, layout)

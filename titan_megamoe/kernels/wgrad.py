@@ -32,6 +32,7 @@ from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from ..validation import check_kernel_operand, check_row_alignment, check_wgrad_out_dtype
 from .common import INTERPRET, cast_rne, new_output, tma_ok
+from .launch import launch
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
 from .schedule import expert_output_tile
@@ -111,27 +112,26 @@ def _expert_wgrad_fp8_kernel(
 def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, precision):
     cfg = tile_config(kernel, *dims, precision)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    dual = a2 is not None
-    a2 = a2 if dual else a
+    dual = a2 is not None  # without DUAL the kernel never reads a2: None, no descriptor built for it
     offsets = plan.offsets_E1
     gathered = (a if a_gather else b) if not cfg.sorted_copy else None
     if cfg.sorted_copy:  # the gathered operand copied into sorted order: nothing is gathered in the kernel
         if a_gather:
-            a = a2 = sorted_rows(a, plan)
+            a, a2 = sorted_rows(a, plan), sorted_rows(a2, plan) if dual else None
         else:
             b = sorted_rows(b, plan)
-    sorted_ops = [t for t in (a, a2, b) if t is not gathered]
+    sorted_ops = [t for t in (a, a2, b) if t is not gathered and t is not None]
     sorted_tma = cfg.tma and tma_ok(*sorted_ops)
     stride_a, stride_b = a.stride(0), b.stride(0)
     if sorted_tma:
         if gathered is not b:
             b, stride_b = TensorDescriptor.from_tensor(b, [bk, bn]), 0
         if gathered is not a:
-            a, a2 = (TensorDescriptor.from_tensor(t, [bk, bm]) for t in (a, a2))
+            a, a2 = (TensorDescriptor.from_tensor(t, [bk, bm]) if t is not None else None for t in (a, a2))
             stride_a = 0
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _expert_wgrad_kernel[grid](
+    launch(_expert_wgrad_kernel, grid,
         a, a2, b, plan.order_N, offsets, plan.experts_by_load, c, c2, M, N, stride_a, stride_b, c.stride(0),
         c.stride(1),
         TOP_K=plan.rows_per_token, A_GATHER=gathered is a, B_GATHER=gathered is b, DUAL=dual,
@@ -227,7 +227,7 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
         srcs = [TensorDescriptor.from_tensor(t, [rows, bk]) for t, rows in zip(srcs, (bm, bm, bn))]
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _expert_wgrad_fp8_kernel[grid](
+    launch(_expert_wgrad_fp8_kernel, grid,
         *srcs, a.scale, a2.scale, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,
         a.data.stride(0), b.data.stride(0), a.scale.stride(0), b.scale.stride(0), c.stride(0), c.stride(1),
         DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, TMA=tma,
