@@ -15,8 +15,9 @@ compiles or finds the kernel and launches it; the compiled kernel is kept under 
 calls launch it directly. `tests/test_launch.py` checks on the GPU that the kernel picked is the one
 Triton picks, for each kind of argument.
 
-Through Triton every time: under the interpreter (CPU), with Triton's launch hooks set (profilers such
-as proton) or a kernel's pre-run hooks, and for grids given as functions.
+Launch hooks (`triton.knobs.runtime.launch_enter_hook` / `launch_exit_hook`, set by profilers) are
+called as Triton calls them. Through Triton every time: under the interpreter (CPU), with a kernel's
+pre-run hooks, and for grids given as functions.
 """
 
 from __future__ import annotations
@@ -68,9 +69,7 @@ class _FastLaunch:
 
     def __call__(self, grid, args, kwargs):
         kernel = self.kernel
-        knobs = triton.knobs.runtime
-        if knobs.launch_enter_hook is not None or knobs.launch_exit_hook is not None \
-                or getattr(kernel, "pre_run_hooks", None) or callable(grid):
+        if getattr(kernel, "pre_run_hooks", None) or callable(grid):
             kernel[grid](*args, **kwargs)
             return
         driver = triton.runtime.driver.active
@@ -88,8 +87,12 @@ class _FastLaunch:
         for name in self.names[len(args):]:
             values.append(kwargs[name] if name in kwargs else self.defaults[name])
         stream = driver.get_current_stream(device)
+        # Triton's launch hooks (profilers) see the launch as they would through Triton
+        knobs = triton.knobs.runtime
+        enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+        meta = compiled.launch_metadata(grid, stream, *values) if enter is not None else None
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                     compiled.function, compiled.packed_metadata, None, None, None, *values)
+                     compiled.function, compiled.packed_metadata, meta, enter, leave, *values)
 
 
 _launchers: dict = {}
