@@ -6,7 +6,8 @@ the EP path (`ep_dispatch.FusedMoEExpertParallel`) with ep_transport symm_mem, t
 single-process op, forward and backward, bitwise, at two sizes (the second makes the buffers grow). It
 checks the CUDA side of `pipeline.symm_transport` (allocation, rendezvous, typed peer views at offsets,
 the device barrier, the row-writing kernel at a mapped address and the flags with their device-side
-wait, the peer being this rank itself), not the cross-GPU traffic. Writes symm_mem_one_gpu.json into --out.
+wait, the peer being this rank itself), not the cross-GPU traffic. Writes symm_mem_one_gpu_<UTC time>.json
+(GPU, versions, commit, date) into --out.
 
     python3 scripts/symm_mem_one_gpu.py --out /tmp/symm
 """
@@ -56,10 +57,11 @@ def main():
                             "bitwise": {k: bool(torch.equal(whole[k], ep[k])) for k in whole}})
             print(results[-1], flush=True)
     buffers = {f"{k[0]}/{k[1]}": v.nbytes for k, v in symm_transport._BUFFERS.items()}
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "symm_mem_one_gpu.json"), "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "buffer_bytes": buffers,
-                   "results": results}, f, indent=1)
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from bench_layer import environment, result_path
+
+    with open(result_path(a.out, "symm_mem_one_gpu"), "w") as f:
+        json.dump({"environment": environment(), "buffer_bytes": buffers, "results": results}, f, indent=1)
     dist.destroy_process_group()
     if not all(all(r["bitwise"].values()) for r in results):
         raise SystemExit("symm_mem_one_gpu.py: a result differs from the single-process op")
