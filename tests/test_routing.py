@@ -39,15 +39,19 @@ def test_tile_schedule_covers_every_row_once(block_m, routing):
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest)
 
 
-@pytest.mark.parametrize("routing", ROUTINGS)
-@pytest.mark.parametrize("T,E,K,block_m", [(1, 4, 1, 16), (3, 8, 2, 16), (257, 16, 4, 16), (1000, 60, 4, 128),
-                                           (64, 256, 16, 16), (700, 7, 3, 128),
-                                           # N over several 256-row chunks and 64-tile schedule programs
-                                           (1500, 256, 3, 16), (2500, 7, 2, 128),
-                                           # 4096-row chunks (the GPU only: hours in the interpreter)
-                                           pytest.param(40000, 128, 8, 128, marks=pytest.mark.skipif(
-                                               DEVICE == "cpu", reason="4096-row chunks: GPU only"))])
-def test_routing_kernel_matches_torch_routing(routing, T, E, K, block_m):
+# every routing on the small shapes; two on the larger ones, whose chunks (16-128 rows in the interpreter,
+# 256-4096 on the GPU) are what they add and which cost seconds each in the interpreter
+_SMALL = [(T, E, K, bm, r) for T, E, K, bm in [(1, 4, 1, 16), (3, 8, 2, 16), (257, 16, 4, 16), (64, 256, 16, 16)]
+          for r in ROUTINGS]
+_LARGE = [(T, E, K, bm, r) for T, E, K, bm in [(1000, 60, 4, 128), (700, 7, 3, 128), (1500, 256, 3, 16),
+                                                (2500, 7, 2, 128)] for r in ("skewed", "empty_experts")]
+
+
+@pytest.mark.parametrize("T,E,K,block_m,routing", _SMALL + _LARGE + [
+    # 4096-row chunks (the GPU only: hours in the interpreter)
+    pytest.param(40000, 128, 8, 128, r, marks=pytest.mark.skipif(DEVICE == "cpu", reason="4096-row chunks: GPU only"))
+    for r in ROUTINGS])
+def test_routing_kernel_matches_torch_routing(T, E, K, block_m, routing):
     """The Triton routing plan (a counting sort in two launches) equals the torch oracle (`oracle.routing_plan`)."""
     from titan_megamoe.kernels.routing_meta import build_routing_plan
     from titan_megamoe.plan import PlanLayout
