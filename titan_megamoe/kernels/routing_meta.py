@@ -32,18 +32,18 @@ from .launch import launch
 
 @triton.jit
 def _expert_bins(ids_ptr, chunk, n, first_expert, E, CH: tl.constexpr):
-    """(rows, bins) of one chunk: a row's local expert, E for an id of no local expert, E+1 past N."""
+    """The bins of one chunk's rows: a row's local expert, E for an id of no local expert, E+1 past N."""
     rows = chunk * CH + tl.arange(0, CH)
     ok = rows < n
     local = tl.load(ids_ptr + rows, mask=ok, other=0) - first_expert
     bins = tl.where((local >= 0) & (local < E), local, E).to(tl.int32)
-    return rows, tl.where(ok, bins, E + 1)
+    return tl.where(ok, bins, E + 1)
 
 
 @triton.jit
 def _chunk_histogram_kernel(ids_ptr, hist_ptr, n, first_expert, E, CH: tl.constexpr, BLOCK_E: tl.constexpr):
     chunk = tl.program_id(0)
-    _, bins = _expert_bins(ids_ptr, chunk, n, first_expert, E, CH)
+    bins = _expert_bins(ids_ptr, chunk, n, first_expert, E, CH)
     tl.store(hist_ptr + chunk * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(bins, BLOCK_E))
 
 
@@ -71,7 +71,7 @@ def _place_rows_kernel(
     count = tl.where(e < E, total, 0)
     start_E = tl.cumsum(count, 0) - count  # offsets[e]: the first sorted row of expert e
     if pid < n_chunks:
-        _, bins = _expert_bins(ids_ptr, pid, n, first_expert, E, CH)
+        bins = _expert_bins(ids_ptr, pid, n, first_expert, E, CH)
         lane = tl.arange(0, CH)
         # sorted by (expert, lane): an expert's rows of this chunk in row order, experts in order
         key = tl.sort(bins * CH + lane)

@@ -34,8 +34,8 @@ Where this stands (2026-12-04): GEMM2 does not write into the sources' buffers y
 not overlap. The first barrier is `_SymmetricMemory.barrier` (signal pads). On CPU (gloo, the CI tests)
 the same protocol runs on shared-memory files (`/dev/shm`) mapped by every rank, the kernels in Triton's
 interpreter, with `dist.barrier` as the barrier: a stand-in for tests, not a transport for training.
-torch's CUDA symmetric memory refuses two ranks on one GPU (docs/ep.md), so the CUDA side runs on one
-H200 only as one rank; the kernel version has not run on a GPU yet.
+torch's CUDA symmetric memory refuses two ranks on one GPU (docs/ep.md), so the CUDA side has run on one
+H200 only as one rank (bitwise the single-process op, scripts/symm_mem_one_gpu.py); no cross-GPU transfer yet.
 """
 
 from __future__ import annotations
