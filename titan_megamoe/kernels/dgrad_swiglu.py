@@ -184,7 +184,8 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
     sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
     grid = (plan.layout.num_tiles * sub_tiles * num_n,)
     if grid[0] > 0 and not gathered_first:
-        launch(_dgrad_swiglu_kernel, grid,
+        launch(
+            _dgrad_swiglu_kernel, grid,
             dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
             dg, du, hs, ds_part, D, H, plan.rows_per_token, dout_RD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1), 1,
             BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -194,7 +195,8 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
     if cfg.split and N > 0:
         # q sits in dg's buffer; every element of dg is read as q before the same program overwrites it
         block_m = min(_ROWS_BLOCK_M, plan.layout.block_m)
-        launch(_dswiglu_rows_kernel, (triton.cdiv(N, block_m) * num_n_ds,),
+        launch(
+            _dswiglu_rows_kernel, (triton.cdiv(N, block_m) * num_n_ds,),
             dg, g_NH, u_NH, scores_N, plan.order_N, dg, du, hs, ds_part, N, H,
             BLOCK_M=block_m, BLOCK_N=rows_block_n, INTERPRET=INTERPRET, num_warps=8,
         )
@@ -219,7 +221,8 @@ def _dgrad_swiglu_fp8(dout_ND: BlockScaled, w2t_EHD: BlockScaled, g_NH, u_NH, sc
     ds_part = new_output((N, num_n), torch.float32, dev)
     grid = (plan.layout.num_tiles * num_n,)
     if grid[0] > 0:
-        launch(_dswiglu_fp8_kernel, grid,
+        launch(
+            _dswiglu_fp8_kernel, grid,
             q, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
             *(x for t in rows for x in (t.data, t.scale)), *(x for t in tiles for x in (t.data, t.scale)), ds_part,
             H, P, BLOCK=_FP8_BLOCK, INTERPRET=INTERPRET, **_FP8_DSWIGLU,

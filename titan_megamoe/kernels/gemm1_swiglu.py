@@ -152,7 +152,8 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     assert not sorted_rows or tma_ok(x), "sorted rows are read through TMA: contiguous, 16-byte aligned rows"
     x_in = matrix_descriptor(x, [cfg.block_m, cfg.block_k]) if a_tma else x
     arrived, expected = arrivals if arrivals is not None else (None, None)  # read only with WAIT
-    launch(_gemm1_swiglu_kernel, grid,
+    launch(
+        _gemm1_swiglu_kernel, grid,
         x_in, w1_t, w3_t, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, g, u, h, *scales,
         arrived, expected, D, H, plan.rows_per_token, x.stride(0), w1.stride(0), w1.stride(1),
         BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

@@ -115,7 +115,8 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         a1, b1 = matrix_descriptor(a1, [cfg.block_m, cfg.block_k]), matrix_descriptor(b1, b_block)
         if two_pairs:
             a2, b2 = matrix_descriptor(a2, [cfg.block_m, cfg.block_k]), matrix_descriptor(b2, b_block)
-    launch(_grouped_gemm_kernel, grid,
+    launch(
+        _grouped_gemm_kernel, grid,
         a1, b1, a2, b2,
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *scales, kd, nd,
         *b_strides,

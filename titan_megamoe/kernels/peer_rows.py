@@ -93,7 +93,8 @@ def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tens
         rows = rows.contiguous()
     block_r, block_c = row_copy_blocks(C)
     counter_addresses, dst_expert = counts if counts is not None else (row_addresses, dst_rank)
-    launch(_scatter_rows_kernel, (triton.cdiv(n, block_r), triton.cdiv(C, block_c)),
+    launch(
+        _scatter_rows_kernel, (triton.cdiv(n, block_r), triton.cdiv(C, block_c)),
         rows, index if index is not None else dst_rank, dst_rank, dst_row, row_addresses, dst_expert,
         counter_addresses, n, C, rows.stride(0),
         HAS_INDEX=index is not None, COUNT=counts is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,

@@ -100,7 +100,8 @@ def quantize_rows(x_RC: torch.Tensor) -> BlockScaled:
     scale = new_output((R, C // BLOCK), torch.float32, x_RC.device)
     if R == 0 or C == 0:
         return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
-    launch(_quantize_rows_kernel, (triton.cdiv(R, _ROWS_PER_PROGRAM), C // BLOCK),
+    launch(
+        _quantize_rows_kernel, (triton.cdiv(R, _ROWS_PER_PROGRAM), C // BLOCK),
         x_RC, data, scale, R, C, x_RC.stride(0), x_RC.stride(1),
         BLOCK_R=_ROWS_PER_PROGRAM, BLOCK_C=BLOCK, INTERPRET=INTERPRET, num_warps=4,
     )
@@ -176,7 +177,8 @@ def _quantize_weight(where: str, w_ERC: torch.Tensor, want_w: bool):
     if E * R * C:
         passes = [(want_w, True)] if w.dtype == torch.bfloat16 or not want_w else [(True, False), (False, True)]
         for write_w, write_wt in passes:
-            launch(_quantize_weight_pair_kernel, (C // BLOCK, R // BLOCK, E),
+            launch(
+                _quantize_weight_pair_kernel, (C // BLOCK, R // BLOCK, E),
                 w, data, scale, data_t, scale_t, R, C, w.stride(0), w.stride(1), w.stride(2),
                 WRITE_W=write_w, WRITE_WT=write_wt, BLOCK=BLOCK, INTERPRET=INTERPRET, num_warps=8,
             )
@@ -291,7 +293,8 @@ def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool,
         some = data if tiles else rows_data
         col_blocks = triton.cdiv(C, _TOKEN_TILE_COLS)
         per_program = 2 if not rows and col_blocks % 2 == 0 else 1
-        launch(_quantize_token_tiles_kernel, (num_tiles, col_blocks // per_program),
+        launch(
+            _quantize_token_tiles_kernel, (num_tiles, col_blocks // per_program),
             src_RC, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
             data if tiles else some, scale if tiles else some, rows_data if rows else some,
             rows_scale if rows else some, C, num_tiles, K, src_RC.stride(0), src_RC.stride(1),
@@ -350,7 +353,8 @@ def _gather_rows(q: BlockScaled, plan: RoutingPlan, K: int) -> BlockScaled:
     scale = new_output((N, C // BLOCK), torch.float32, q.data.device)
     if N and C:
         block_c = next(b for b in (_GATHER_COLS, 512, 256, BLOCK) if C % b == 0)
-        launch(_gather_rows_kernel, (triton.cdiv(N, _GATHER_ROWS), C // block_c),
+        launch(
+            _gather_rows_kernel, (triton.cdiv(N, _GATHER_ROWS), C // block_c),
             q.data, q.scale, plan.order_N, data, scale, N, C, K, BLOCK_R=_GATHER_ROWS, BLOCK_C=block_c,
             SCALE_BLOCK=BLOCK, num_warps=_GATHER_WARPS,
         )

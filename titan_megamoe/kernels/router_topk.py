@@ -98,7 +98,8 @@ def router_topk(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, top_k: int
         return scores, ids, raw
     block_e = triton.next_power_of_2(E)
     block_t = max(1, min(32, 4096 // block_e))  # ~4K fp32 lanes per program keep p and choice in registers
-    launch(_router_topk_kernel, (triton.cdiv(T, block_t),),
+    launch(
+        _router_topk_kernel, (triton.cdiv(T, block_t),),
         logits_TE, bias_E if bias_E is not None else logits_TE, scores, ids, raw,
         T, E, logits_TE.stride(0), float(route_scale),
         K=top_k, BLOCK_K=triton.next_power_of_2(top_k), SOFTMAX=score_func == "softmax",

@@ -46,7 +46,8 @@ def sorted_rows(rows_RD: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
         rows_RD = rows_RD.contiguous()
     num_src = N // K
     block_t, block_d = row_copy_blocks(D)
-    launch(_sorted_rows_kernel, (triton.cdiv(num_src, block_t), triton.cdiv(D, block_d)),
+    launch(
+        _sorted_rows_kernel, (triton.cdiv(num_src, block_t), triton.cdiv(D, block_d)),
         rows_RD, plan.inv_N, out, num_src, D, rows_RD.stride(0), K=K, BLOCK_T=block_t, BLOCK_D=block_d,
         num_warps=8,
     )

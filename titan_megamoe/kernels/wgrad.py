@@ -131,7 +131,8 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
             stride_a = 0
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    launch(_expert_wgrad_kernel, grid,
+    launch(
+        _expert_wgrad_kernel, grid,
         a, a2, b, plan.order_N, offsets, plan.experts_by_load, c, c2, M, N, stride_a, stride_b, c.stride(0),
         c.stride(1),
         TOP_K=plan.rows_per_token, A_GATHER=gathered is a, B_GATHER=gathered is b, DUAL=dual,
@@ -227,7 +228,8 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
         srcs = [TensorDescriptor.from_tensor(t, [rows, bk]) for t, rows in zip(srcs, (bm, bm, bn))]
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    launch(_expert_wgrad_fp8_kernel, grid,
+    launch(
+        _expert_wgrad_fp8_kernel, grid,
         *srcs, a.scale, a2.scale, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,
         a.data.stride(0), b.data.stride(0), a.scale.stride(0), b.scale.stride(0), c.stride(0), c.stride(1),
         DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, TMA=tma,
