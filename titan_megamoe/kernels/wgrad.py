@@ -219,18 +219,18 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     if bk != FP8_BLOCK:
         raise ValueError(f"{kernel} (fp8): block_k must be {FP8_BLOCK} (one token tile per step), got {bk}")
-    dual = a2 is not None
-    a2 = a2 if dual else a
+    dual = a2 is not None  # without DUAL the kernel never reads a2: None, no descriptor built for it
     M, N = a.data.shape[0], b.data.shape[0]
-    srcs = [a.data, a2.data, b.data]
-    tma = cfg.tma and tma_ok(*srcs)
+    srcs = [a.data, a2.data if dual else None, b.data]
+    tma = cfg.tma and tma_ok(*(t for t in srcs if t is not None))
     if tma:
-        srcs = [TensorDescriptor.from_tensor(t, [rows, bk]) for t, rows in zip(srcs, (bm, bm, bn))]
+        srcs = [TensorDescriptor.from_tensor(t, [rows, bk]) if t is not None else None
+                for t, rows in zip(srcs, (bm, bm, bn))]
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     launch(
         _expert_wgrad_fp8_kernel, grid,
-        *srcs, a.scale, a2.scale, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,
+        *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,
         a.data.stride(0), b.data.stride(0), a.scale.stride(0), b.scale.stride(0), c.stride(0), c.stride(1),
         DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, TMA=tma,
         INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
