@@ -50,25 +50,49 @@ def test_flags_carry_the_epoch_from_every_peer():
             assert flags[me].tolist() == [epoch] * world
 
 
-def test_gemm1_waits_for_its_experts_rows_to_land():
-    """GEMM1 with `arrivals` (the EP symmetric-memory path): started while the rows and the per-expert
-    counts are not there yet, it waits; once the rows are written and the counts raised (from another
-    stream on the GPU, another thread in the interpreter, whose launches block) it finishes with exactly
-    the result of GEMM1 on rows that were there from the start."""
+@pytest.mark.parametrize("which", ["gemm1", "dgrad", "dgrad_gemm"])
+def test_gemm_waits_for_its_experts_rows_to_land(which):
+    """GEMM1, dgrad and dgrad's GEMM alone (the grouped GEMM, what dgrad runs on the GPU's split configs)
+    with `arrivals` (the EP symmetric-memory path, x and dout rows): started while the
+    rows and the per-expert counts are not there yet, the GEMM waits; once the rows are written and the
+    counts raised (from another stream on the GPU, another thread in the interpreter, whose launches
+    block) it finishes with exactly the result on rows that were there from the start."""
     import threading
     import time
 
     from titan_megamoe.kernels.configs import row_block_m
+    from titan_megamoe.kernels.dgrad_swiglu import dgrad_swiglu
     from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
+    from titan_megamoe.kernels.grouped_gemm import expert_h_grad
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
     gen = torch.Generator().manual_seed(5)
     E, H, D = 3, 32, 48
     ids = torch.tensor([0, 0, 0, 1, 2, 2, 2, 2, 2], device=DEVICE)  # landed sorted by expert
-    x = torch.randn(ids.numel(), D, generator=gen).to(torch.bfloat16).to(DEVICE)
-    w1, w3 = ((torch.randn(E, H, D, generator=gen) / D**0.5).to(torch.bfloat16).to(DEVICE) for _ in range(2))
+    n = ids.numel()
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=gen) / shape[-1]**0.5).to(torch.bfloat16).to(DEVICE)
+
+    x = rnd(n, D)
     plan = build_routing_plan(ids, E, row_block_m())  # the tiles the kernels' configs take
-    want = gemm1_swiglu(x, w1, w3, plan, torch.bfloat16, "bf16")
+    if which == "gemm1":
+        w1, w3 = rnd(E, H, D), rnd(E, H, D)
+
+        def run(rows, arrivals=None):
+            return gemm1_swiglu(rows, w1, w3, plan, torch.bfloat16, "bf16", arrivals=arrivals)
+    elif which == "dgrad_gemm":
+        w2 = rnd(E, D, H)
+
+        def run(rows, arrivals=None):
+            return (expert_h_grad(rows, w2, plan, torch.bfloat16, "bf16", arrivals=arrivals),)
+    else:
+        w2, g, u = rnd(E, D, H), rnd(n, H), rnd(n, H)
+        scores = torch.rand(n, generator=gen).to(DEVICE)
+
+        def run(rows, arrivals=None):
+            return dgrad_swiglu(rows, w2, g, u, scores, plan, "bf16", arrivals=arrivals)
+    want = run(x)
     landing = torch.full_like(x, float("nan"))
     arrived = torch.zeros(E, dtype=torch.int32, device=DEVICE)
     expected = torch.bincount(ids, minlength=E).to(torch.int32)
@@ -76,11 +100,11 @@ def test_gemm1_waits_for_its_experts_rows_to_land():
         torch.cuda.synchronize()
         waiter, feeder = torch.cuda.Stream(), torch.cuda.Stream()
         with torch.cuda.stream(waiter):
-            got = gemm1_swiglu(landing, w1, w3, plan, torch.bfloat16, "bf16", arrivals=(arrived, expected))
+            got = run(landing, (arrived, expected))
             done = torch.cuda.Event()
             done.record()
         time.sleep(0.5)
-        assert not done.query(), "GEMM1 did not wait for the rows"
+        assert not done.query(), f"{which} did not wait for the rows"
         with torch.cuda.stream(feeder):
             landing.copy_(x)  # rows first, counts after them (one stream: in that order)
             arrived.copy_(expected)
@@ -88,21 +112,61 @@ def test_gemm1_waits_for_its_experts_rows_to_land():
             if done.query():
                 break
             time.sleep(0.1)
-        assert done.query(), "GEMM1 still waits after its rows landed"
+        assert done.query(), f"{which} still waits after its rows landed"
     else:
         result = {}
-        worker = threading.Thread(target=lambda: result.update(
-            out=gemm1_swiglu(landing, w1, w3, plan, torch.bfloat16, "bf16", arrivals=(arrived, expected))))
+        worker = threading.Thread(target=lambda: result.update(out=run(landing, (arrived, expected))))
         worker.start()
         time.sleep(0.5)
-        assert worker.is_alive(), "GEMM1 did not wait for the rows"
+        assert worker.is_alive(), f"{which} did not wait for the rows"
         landing.copy_(x)
         arrived.copy_(expected)
         worker.join(timeout=120)
         assert not worker.is_alive()
         got = result["out"]
-    for g, ref in zip(got, want):
-        assert torch.equal(g, ref)
+    for g_, ref in zip(got, want):
+        assert torch.equal(g_, ref)
+
+
+@pytest.mark.parametrize("which", ["gemm2", "dx"])
+def test_gemm_epilogue_stores_rows_at_their_peers(which):
+    """GEMM2 and dx's GEMM with `PeerRows` (EP, symmetric memory): each output row n lands at row
+    dst_row[n] of rank dst_rank[n]'s area, bitwise the row the GEMM stores locally; nothing else is
+    written. Three simulated ranks, skewed routing with an empty expert."""
+    from titan_megamoe.kernels.configs import row_block_m
+    from titan_megamoe.kernels.grouped_gemm import PeerRows, expert_down_proj, expert_input_grad
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    gen = torch.Generator().manual_seed(11)
+    E, H, D = 4, 32, 48
+    ids = torch.tensor([3, 0, 0, 3, 3, 1, 3, 0, 3, 3, 3], device=DEVICE)  # expert 2 gets no rows
+    n = ids.numel()
+    plan = build_routing_plan(ids, E, row_block_m())
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=gen) / shape[-1]**0.5).to(torch.bfloat16).to(DEVICE)
+
+    if which == "gemm2":
+        h, w2 = rnd(n, H), rnd(E, D, H)
+        run = lambda peers=None: expert_down_proj(h, w2, plan, torch.bfloat16, "bf16", peers=peers)  # noqa: E731
+    else:
+        dg, du, w1, w3 = rnd(n, H), rnd(n, H), rnd(E, H, D), rnd(E, H, D)
+        run = lambda peers=None: expert_input_grad(dg, du, w1, w3, plan, torch.bfloat16, "bf16",  # noqa: E731
+                                                    peers=peers)
+    want = run()
+    areas = [torch.full((8, D), float("nan"), dtype=torch.bfloat16, device=DEVICE) for _ in range(3)]
+    addresses = torch.tensor([a.data_ptr() for a in areas], dtype=torch.int64, device=DEVICE)
+    rank = torch.tensor([2, 0, 1, 2, 0, 0, 2, 1, 2, 0, 2], device=DEVICE)
+    row = torch.tensor([7, 0, 3, 0, 5, 2, 4, 1, 2, 6, 5], device=DEVICE)
+    # offsets from rank 1's area, as `symm_transport.back_from_gemm` makes them (some negative), by sorted row
+    offsets = ((addresses[rank] - addresses[1]) // 2 + row * D)[plan.order_N]
+    assert run(PeerRows(areas[1], offsets)) is None
+    expected = [torch.full((8, D), float("nan"), dtype=torch.bfloat16) for _ in range(3)]
+    for i, (q, p) in enumerate(zip(rank.tolist(), row.tolist())):
+        expected[q][p] = want[i].cpu()
+    for got, exp in zip(areas, expected):
+        assert torch.equal(got.cpu().isnan(), exp.isnan())
+        assert torch.equal(got.cpu().nan_to_num(), exp.nan_to_num())
 
 
 _SM90 = r"""
@@ -132,15 +196,45 @@ const = dict(BLOCK_M=cfg.block_m, SUB_TILES=1, GROUP_M=cfg.group_m, BLOCK_N=cfg.
              A_TMA=False, W_TMA=False, FP8=False, WAIT=True, INTERPRET=False)
 r = compile_sm90(_gemm1_swiglu_kernel, sig, const, set(sig), cfg.num_warps, cfg.num_stages)
 out["gemm1_wait"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA")
+from titan_megamoe.kernels.grouped_gemm import _grouped_gemm_kernel
+cfg = tile_config("gemm2", 2048, 768)
+# the shipped GEMM2 config: both operands through TMA, warp-specialised
+sig = dict(a1_ptr=f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+           b1_ptr=f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", order_ptr="*i32", tile_expert_ptr="*i32",
+           tile_row_ptr="*i32", offsets_ptr="*i32", out_ptr="*bf16", dst_offset_ptr="*i64",
+           KD="i32", ND="i32", stride_be="i32", stride_bk="i32", stride_bn="i32")
+none = dict.fromkeys("a2_ptr b2_ptr a1s_ptr b1s_ptr a2s_ptr b2s_ptr arrived_ptr expected_ptr".split())
+const = dict(none, TWO_PAIRS=False, TMA=True, B_TRANS=True, WS=cfg.warp_specialize, SORTED_OUT=False, PEER_OUT=True,
+             WAIT=False,
+             BLOCK_M=cfg.block_m, SUB_TILES=1, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+             FP8=False, INTERPRET=False)
+order = list(_grouped_gemm_kernel.arg_names)
+sig = {k: sig[k] for k in order if k in sig}
+r = compile_sm90(_grouped_gemm_kernel, sig, {k: const[k] for k in order if k in const},
+                 set(k for k in sig if k.endswith("_ptr")), cfg.num_warps, cfg.num_stages)
+out["gemm2_peer"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA")
+cfg = tile_config("dgrad_swiglu", 2048, 768)  # dgrad's GEMM on landing dout rows (bf16 split config)
+sig.update(a1_ptr=f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+           b1_ptr=f"tensordesc<bf16[{cfg.block_k}, {cfg.block_n}]>", arrived_ptr="*i32", expected_ptr="*i32")
+sig = {k: sig[k] for k in order if k in sig and k != "dst_offset_ptr"}
+const = dict(const, dst_offset_ptr=None, B_TRANS=False, WS=cfg.warp_specialize, SORTED_OUT=True, PEER_OUT=False,
+             WAIT=True, BLOCK_M=cfg.block_m, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+for k in ("arrived_ptr", "expected_ptr"):
+    const.pop(k)
+r = compile_sm90(_grouped_gemm_kernel, sig, {k: const[k] for k in order if k in const},
+                 set(k for k in sig if k.endswith("_ptr")), cfg.num_warps, cfg.num_stages)
+out["dgrad_gemm_wait"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA")
 print(json.dumps(out))
 """
 
 
 def test_transport_kernels_compile_for_sm90():
     """Integer-to-pointer casts of peer addresses, system-scope release/acquire atomics and the spin loops
-    (the flags' wait and GEMM1's wait for its expert's rows, which must still lower to wgmma) compile for
-    sm_90 (Triton's bundled ptxas, no GPU needed)."""
+    (the flags' wait, GEMM1's and dgrad's GEMM's wait for their expert's rows, which must still lower to
+    wgmma) and GEMM2's stores to peer rows compile for sm_90 (Triton's bundled ptxas, no GPU needed)."""
     usage = sm90_compile_results(_SM90, timeout=300)
-    assert set(usage) == {"scatter*bf16", "scatter*fp32", "scatter*i64", "signal", "wait", "gemm1_wait"}
-    assert usage["gemm1_wait"].endswith(" wgmma"), usage["gemm1_wait"]
+    assert set(usage) == {"scatter*bf16", "scatter*fp32", "scatter*i64", "signal", "wait", "gemm1_wait",
+                          "gemm2_peer", "dgrad_gemm_wait"}
+    for name in ("gemm1_wait", "gemm2_peer", "dgrad_gemm_wait"):
+        assert usage[name].endswith(" wgmma"), (name, usage[name])
     assert all(u.startswith("REG:") for u in usage.values()), usage

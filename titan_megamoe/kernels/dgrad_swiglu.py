@@ -43,6 +43,7 @@ from .configs import programs_per_plan_tile, tile_config
 from .epilogue import dswiglu, dswiglu_values_bf16, store_rows_fp8, store_sorted, store_token_tile
 from .grouped_gemm import expert_h_grad
 from .mainloop import row_mainloop
+from .peer_rows import wait_for_expert_rows
 from .schedule import row_tile
 from .sorted_rows import sorted_rows
 
@@ -57,10 +58,11 @@ def _dgrad_swiglu_kernel(
     g_ptr, u_ptr, scores_ptr,  # g, u [N, H] sorted; scores [N] row order (fp32)
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
     dg_ptr, du_ptr, hs_ptr, ds_part_ptr,  # dg, du, s*h [N, H] sorted; ds_part [N, num_n] row order, fp32
+    arrived_ptr, expected_ptr,  # WAIT: per local expert, int32 counts of landed rows and the count to wait for
     D, H, rows_per_token,
     stride_dt, stride_we, stride_wk, stride_wn,
     BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STORE_Q: tl.constexpr, INTERPRET: tl.constexpr,
+    STORE_Q: tl.constexpr, WAIT: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # each program covers 2*BLOCK_N columns of H with two accumulators sharing every gathered dout tile
     # (like GEMM1's gate/up pair): half the A-operand traffic per MMA of a single-accumulator tile
@@ -69,6 +71,8 @@ def _dgrad_swiglu_kernel(
                                                  BLOCK_M, SUB_TILES, GROUP_M)
     if expert < 0:
         return
+    if WAIT:  # expert parallelism, symmetric memory: this expert's dout rows may still be landing
+        wait_for_expert_rows(arrived_ptr, expected_ptr, expert)
     routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
     src = routed // rows_per_token
     offs_n0 = pid_n * 2 * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -154,9 +158,13 @@ def _dswiglu_fp8_kernel(
 _ROWS_BLOCK_M, _ROWS_BLOCK_N = 32, 128
 
 
-def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, precision: str):
+def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, precision: str, arrivals=None):
     """(dg_NH, du_NH, hs_NH = s*h) in g's dtype, sorted rows, and ds_N fp32 in row order; dout_RD holds
     the plan's source rows of the output gradient, scores_N the score of each row.
+
+    `arrivals` (bf16; expert parallelism, symmetric memory) = (arrived, expected), int32 [E] each: dout_RD
+    is the buffer the rows land in, already in the plan's sorted order, and each GEMM program first waits
+    for its expert's rows (`peer_rows.wait_for_expert_rows`); the rows are read in place, never copied.
 
     Block FP8: dout_RD is the plan's rows in sorted order as `BlockScaled` 1x128 rows [N, D]
     (`quantize_sorted_rows`) and w2_EDH the transposed copy W2^T [E, H, D] (`BlockScaled`); returns (dg, du
@@ -173,10 +181,11 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
     ds_part = new_output((N, num_n_ds), torch.float32, g_NH.device)
     gathered_first = cfg.split and cfg.tma and tma_ok(dout_RD, w2_EDH)
     if gathered_first:
-        # dout's rows copied into sorted order, then q = dout W2_e by the grouped GEMM with both operands
-        # through TMA, stored in dg's buffer like the fused kernel's q; the rows kernel below takes it on
-        dout_sorted = sorted_rows(dout_RD, plan)
-        dg = expert_h_grad(dout_sorted, w2_EDH, plan, g_NH.dtype, precision)
+        # dout's rows copied into sorted order (landing rows already are), then q = dout W2_e by the grouped
+        # GEMM with both operands through TMA, stored in dg's buffer like the fused kernel's q; the rows
+        # kernel below takes it on
+        dout_sorted = sorted_rows(dout_RD, plan) if arrivals is None else dout_RD
+        dg = expert_h_grad(dout_sorted, w2_EDH, plan, g_NH.dtype, precision, arrivals=arrivals)
         del dout_sorted
         du, hs = (new_output((N, H), g_NH.dtype, g_NH.device) for _ in range(2))
     else:
@@ -187,9 +196,10 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
         launch(
             _dgrad_swiglu_kernel, grid,
             dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
-            dg, du, hs, ds_part, D, H, plan.rows_per_token, dout_RD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1), 1,
+            dg, du, hs, ds_part, *(arrivals if arrivals is not None else (None, None)), D, H, plan.rows_per_token,
+            dout_RD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1), 1,
             BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            STORE_Q=cfg.split,
+            STORE_Q=cfg.split, WAIT=arrivals is not None,
             INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if cfg.split and N > 0:

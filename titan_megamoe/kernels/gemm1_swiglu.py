@@ -34,6 +34,7 @@ from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import store_row_halves_fp8, store_sorted, swiglu
 from .mainloop import row_mainloop
+from .peer_rows import wait_for_expert_rows
 from .schedule import row_tile
 
 
@@ -84,15 +85,8 @@ def _gemm1_swiglu_kernel(
                                                  BLOCK_M, SUB_TILES, GROUP_M)
     if expert < 0:
         return
-    if WAIT:
-        # expert parallelism, symmetric memory: this expert's rows are still landing from the peers; the
-        # programs of experts whose rows are in start while the rest are on their way. The peers' writes
-        # come from other GPUs (and this rank's own from a launch before this one), so a waiting program
-        # holds up nothing that it waits for. Counts wrap around 2**32: compared by their int32 difference
-        want = tl.load(expected_ptr + expert)
-        seen = tl.atomic_add(arrived_ptr + expert, 0, sem="acquire", scope="sys")
-        while want - seen > 0:
-            seen = tl.atomic_add(arrived_ptr + expert, 0, sem="acquire", scope="sys")
+    if WAIT:  # expert parallelism, symmetric memory: this expert's rows may still be landing
+        wait_for_expert_rows(arrived_ptr, expected_ptr, expert)
     if A_TMA:  # x already in sorted order (FP8: quantize_sorted_rows), read as contiguous rows
         src = rows
     else:

@@ -8,6 +8,9 @@ Serves three passes with the weight layout given by strides:
   dgrad's GEMM:   q_p = dout_p W2_e             (stored in sorted order: `dgrad_swiglu` continues from it;
                                                  block FP8, and bf16 with its rows gathered first)
 
+Under expert parallelism with symmetric memory GEMM2 and dx store each output row straight into its token's
+rank's buffer (`PeerRows`, `peer_rows.store_rows_to_peers`): the return trip overlaps the GEMM.
+
 With `TileConfig.tma` both operands come through TMA descriptors: A is contiguous in sorted order (a tile
 is rows [tile_row, tile_row + BLOCK_M)) and B is the weight viewed as a matrix. Rows of a tile past its
 expert's range, and B rows past expert e's block along N, are computed and masked at the store; along the
@@ -20,6 +23,9 @@ Hopper's FP8 MMA takes K-major operands only) with 128x128 block scales [E, ND/1
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
@@ -30,6 +36,7 @@ from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
 from .mainloop import row_mainloop
+from .peer_rows import store_rows_to_peers, wait_for_expert_rows
 from .schedule import row_tile
 
 
@@ -37,11 +44,14 @@ from .schedule import row_tile
 def _grouped_gemm_kernel(
     a1_ptr, b1_ptr, a2_ptr, b2_ptr,  # A: [N, KD] sorted rows; B: [E, ...] per expert
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-    out_ptr,  # [N, ND] routed-row order (SORTED_OUT: sorted order)
+    out_ptr,  # [N, ND] routed-row order (SORTED_OUT: sorted order; PEER_OUT: `PeerRows.base`)
     a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,  # FP8 scales: A [N, KD/128], B [E, ND/128, KD/128]
+    dst_offset_ptr,  # PEER_OUT: int64 [N], where sorted row p's output starts, in elements from out_ptr
+    arrived_ptr, expected_ptr,  # WAIT: per local expert, int32 counts of landed rows and the count to wait for
     KD, ND,
     stride_be, stride_bk, stride_bn,
     TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr, SORTED_OUT: tl.constexpr,
+    PEER_OUT: tl.constexpr, WAIT: tl.constexpr,
     BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, FP8: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -51,6 +61,8 @@ def _grouped_gemm_kernel(
                                                  offsets_ptr, BLOCK_M, SUB_TILES, GROUP_M)
     if expert < 0:
         return
+    if WAIT:  # expert parallelism, symmetric memory: this expert's A rows (dgrad's dout) may still be landing
+        wait_for_expert_rows(arrived_ptr, expected_ptr, expert)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < ND
     offs_k = tl.arange(0, BLOCK_K)
@@ -85,12 +97,27 @@ def _grouped_gemm_kernel(
                               b1_scale_off=b_scale_off, SCALED=FP8)
     if SORTED_OUT:
         store_sorted(out_ptr, acc, rows, row_ok, offs_n, n_ok, ND, INTERPRET)
+    elif PEER_OUT:
+        store_rows_to_peers(out_ptr, acc, rows, row_ok, offs_n, n_ok, dst_offset_ptr, INTERPRET)
     else:
         scatter_routed(out_ptr, acc, order_ptr, rows, row_ok, offs_n, n_ok, ND, INTERPRET)
 
 
+@dataclass(frozen=True)
+class PeerRows:
+    """Where a GEMM's output rows go instead of a local [N, ND] tensor (expert parallelism, symmetric
+    memory, `symm_transport.back_from_gemm`): the output of the plan's sorted row p starts offsets[p]
+    elements from base, which lands it in its token's rank's buffer (peers' buffers are mapped into this
+    process, so one base and an offset reach any of them). By sorted row, not routed row: the epilogue
+    then reads its offsets contiguously, without the order gather (fewer registers: on sm_90 the gather
+    before the offsets' load took GEMM2's spill from 536 to 904 bytes)."""
+
+    base: torch.Tensor  # this rank's own rows, in the output dtype
+    offsets: torch.Tensor  # int64 [N], elements from base, by sorted row
+
+
 def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPlan, dim, hidden, out_dtype,
-            precision, sorted_out=False):
+            precision, sorted_out=False, peers: PeerRows | None = None, arrivals=None):
     fp8 = isinstance(a1, BlockScaled)
     two_pairs = b2 is not None
     # one pair: the second operands are None (the kernel reads them only with TWO_PAIRS), so the launch
@@ -99,7 +126,8 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     if fp8:
         a1, b1, a2, b2 = (t.data if t is not None else None for t in (a1, b1, a2, b2))
     N, kd = a1.shape
-    out = new_output((N, nd), out_dtype, a1.device)
+    assert peers is None or peers.base.dtype == out_dtype
+    out = new_output((N, nd), out_dtype, a1.device) if peers is None else peers.base
     cfg = tile_config(kernel_name, dim, hidden, precision)
     sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
     grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, cfg.block_n),)
@@ -118,9 +146,11 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     launch(
         _grouped_gemm_kernel, grid,
         a1, b1, a2, b2,
-        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *scales, kd, nd,
+        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *scales,
+        peers.offsets if peers is not None else None, *(arrivals if arrivals is not None else (None, None)), kd, nd,
         *b_strides,
         TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize, SORTED_OUT=sorted_out,
+        PEER_OUT=peers is not None, WAIT=arrivals is not None,
         BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         FP8=fp8,
         INTERPRET=INTERPRET,
@@ -133,17 +163,21 @@ def _data(t):
     return t.data if isinstance(t, BlockScaled) else t
 
 
-def expert_down_proj(h_NH, w2_EDH, plan: RoutingPlan, out_dtype, precision: str):
-    """Forward GEMM2: y[order(p)] = h_p W2_e^T, [N, D] in routed-row order (FP8: h and W2 `BlockScaled`)."""
+def expert_down_proj(h_NH, w2_EDH, plan: RoutingPlan, out_dtype, precision: str, peers: PeerRows | None = None):
+    """Forward GEMM2: y[order(p)] = h_p W2_e^T, [N, D] in routed-row order (FP8: h and W2 `BlockScaled`).
+    With `peers` each y row is stored at its `PeerRows` destination instead (returns None)."""
     w2 = _data(w2_EDH)
     E, D, H = w2.shape
     strides = (w2.stride(0), w2.stride(2), w2.stride(1))  # B[k=h, n=d] = W2[e, d, h]
-    return _launch("gemm2", h_NH, w2_EDH, None, None, strides, True, D, plan, D, H, out_dtype, precision)
+    out = _launch("gemm2", h_NH, w2_EDH, None, None, strides, True, D, plan, D, H, out_dtype, precision, peers=peers)
+    return out if peers is None else None
 
 
-def expert_h_grad(dout_ND, w2_E, plan: RoutingPlan, out_dtype, precision: str):
+def expert_h_grad(dout_ND, w2_E, plan: RoutingPlan, out_dtype, precision: str, arrivals=None):
     """dgrad's GEMM alone: q_p = dout_p W2_e, [N, H] in out_dtype, sorted rows (the gradient of h before
-    the score; `dgrad_swiglu` takes it on). dout_ND: the plan's rows in sorted order.
+    the score; `dgrad_swiglu` takes it on). dout_ND: the plan's rows in sorted order. `arrivals` (bf16)
+    = (arrived, expected), int32 [E] each: each program first waits for its expert's rows to land
+    (`peer_rows.wait_for_expert_rows`; dout_ND is then the buffer they land in).
 
     bf16 (split dgrad with its rows gathered first): w2_E is W2 itself [E, D, H], read [k=d, n=h].
     Block FP8: dout 1x128 along D and w2_E the transposed copy W2^T [E, H, D] (K-major for the FP8 MMA)."""
@@ -151,7 +185,7 @@ def expert_h_grad(dout_ND, w2_E, plan: RoutingPlan, out_dtype, precision: str):
         E, D, H = w2_E.shape
         strides = (w2_E.stride(0), w2_E.stride(1), w2_E.stride(2))  # B[k=d, n=h] = W2[e, d, h]
         return _launch("dgrad_swiglu", dout_ND, w2_E, None, None, strides, False, H, plan, D, H, out_dtype,
-                       precision, sorted_out=True)
+                       precision, sorted_out=True, arrivals=arrivals)
     w2t_EHD = w2_E
     w2t = w2t_EHD.data
     E, H, D = w2t.shape
@@ -160,8 +194,10 @@ def expert_h_grad(dout_ND, w2_E, plan: RoutingPlan, out_dtype, precision: str):
                    sorted_out=True)
 
 
-def expert_input_grad(dg_NH, du_NH, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: str):
-    """Backward dx rows: dx[order(p)] = dg_p W1_e + du_p W3_e, [N, D] in routed-row order.
+def expert_input_grad(dg_NH, du_NH, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: str,
+                      peers: PeerRows | None = None):
+    """Backward dx rows: dx[order(p)] = dg_p W1_e + du_p W3_e, [N, D] in routed-row order (with `peers`:
+    stored at their `PeerRows` destinations, returns None).
 
     Block FP8: dg, du `BlockScaled` rows and w1_EHD, w3_EHD the transposed copies W1^T, W3^T [E, D, H]
     (`BlockScaled`, K-major for the FP8 MMA)."""
@@ -169,7 +205,10 @@ def expert_input_grad(dg_NH, du_NH, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype
         w1t = w1_EHD.data
         E, D, H = w1t.shape
         strides = (w1t.stride(0), w1t.stride(2), w1t.stride(1))  # B[k=h, n=d] = W1^T[e, d, h]
-        return _launch("dx", dg_NH, w1_EHD, du_NH, w3_EHD, strides, True, D, plan, D, H, out_dtype, precision)
-    E, H, D = w1_EHD.shape
-    strides = (w1_EHD.stride(0), w1_EHD.stride(1), w1_EHD.stride(2))  # B[k=h, n=d] = W1[e, h, d]
-    return _launch("dx", dg_NH, w1_EHD, du_NH, w3_EHD, strides, False, D, plan, D, H, out_dtype, precision)
+        trans = True
+    else:
+        E, H, D = w1_EHD.shape
+        strides = (w1_EHD.stride(0), w1_EHD.stride(1), w1_EHD.stride(2))  # B[k=h, n=d] = W1[e, h, d]
+        trans = False
+    out = _launch("dx", dg_NH, w1_EHD, du_NH, w3_EHD, strides, trans, D, plan, D, H, out_dtype, precision, peers=peers)
+    return out if peers is None else None

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import row_copy_blocks
+from .common import cast_rne, row_copy_blocks
 from .launch import launch
 
 
@@ -51,6 +51,32 @@ def _scatter_rows_kernel(src_ptr, index_ptr, dst_rank_ptr, dst_row_ptr, row_addr
         expert = tl.load(dst_expert_ptr + rows, mask=row_ok, other=0)
         counters = tl.load(counter_addrs_ptr + rank, mask=row_ok, other=0).to(tl.pointer_type(tl.int32))
         tl.atomic_add(counters + expert, 1, mask=row_ok, sem="release", scope="sys")
+
+
+@triton.jit
+def store_rows_to_peers(base_ptr, val, rows, row_ok, offs_n, n_ok, dst_offset_ptr, INTERPRET: tl.constexpr):
+    """A GEMM epilogue's stores under expert parallelism: the tile's sorted row p goes to base +
+    dst_offset[p] elements, i.e. its row in its token's rank's buffer (`PeerRows`), rounded to nearest
+    even as `epilogue.store_sorted` rounds. GEMM2 sends the y rows and dx's GEMM the dx rows back this
+    way: no [rows, D] output, no copy launch. One base pointer plus per-row offsets: a pointer per row
+    (cast from each rank's address) spilled more on sm_90 (GEMM2 128x256: 1336 against 536 bytes)."""
+    off = tl.load(dst_offset_ptr + rows, mask=row_ok, other=0)
+    tl.store(base_ptr + off[:, None] + offs_n[None, :], cast_rne(val, base_ptr.dtype.element_ty, INTERPRET),
+             mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def wait_for_expert_rows(arrived_ptr, expected_ptr, expert):
+    """A GEMM program's wait, under expert parallelism with symmetric memory, until its expert's rows
+    have landed from the peers (`scatter_rows` with counts): the programs of experts whose rows are in
+    start while the rest are on their way. The peers' writes come from other GPUs (and this rank's own
+    from a launch before this one), so a waiting program holds up nothing that it waits for, whatever
+    the grid. Counts wrap around 2**32: compared by their int32 difference; acquire at system scope, so
+    the rows counted are visible once the count is."""
+    want = tl.load(expected_ptr + expert)
+    seen = tl.atomic_add(arrived_ptr + expert, 0, sem="acquire", scope="sys")
+    while want - seen > 0:
+        seen = tl.atomic_add(arrived_ptr + expert, 0, sem="acquire", scope="sys")
 
 
 @triton.jit

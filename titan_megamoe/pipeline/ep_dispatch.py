@@ -39,7 +39,7 @@ from ..plan import RoutingPlan
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
 from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward
-from .symm_transport import exchange_symmetric, expert_sorted_ids, send_counted
+from .symm_transport import back_from_gemm, exchange_symmetric, expert_sorted_ids, send_counted
 
 
 @dataclass(frozen=True)
@@ -149,14 +149,17 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         recv_scores = exchange(topk_scores_TK.float().reshape(-1), r, index=send)
         if r.transport == "symm_mem":
             # GEMM1 starts on the experts whose rows have landed while the rest are on their way; x is
-            # cast to the operand dtype before it leaves, so GEMM1 reads the landing rows in place
+            # cast to the operand dtype before it leaves, so GEMM1 reads the landing rows in place; GEMM2
+            # stores each y row straight into its token's rank
             landing, arrivals, finish = send_counted(recipe.operand(x_TD), r, send // K)
-            y_recv, residuals = ffn_forward(landing, plan, w1_EHD, w2_EDH, w3_EHD, recipe, arrivals)
+            y_to, y_back = back_from_gemm(r, plan, recipe.activation, x_TD.shape[1:])
+            _, residuals = ffn_forward(landing, plan, w1_EHD, w2_EDH, w3_EHD, recipe, arrivals, y_to=y_to)
             recv_x = finish()  # the weight gradients need the rows after the buffer is reused
+            y_ND = to_routed_order(y_back(), r)
         else:
             recv_x = exchange(x_TD, r, index=send // K)
             y_recv, residuals = ffn_forward(recv_x, plan, w1_EHD, w2_EDH, w3_EHD, recipe)
-        y_ND = to_routed_order(exchange(y_recv, r, back=True), r)
+            y_ND = to_routed_order(exchange(y_recv, r, back=True), r)
         out = combine(y_ND, topk_scores_TK.float().contiguous(), K, x_TD.dtype)
         torch._assert_async(plan.ids_ok, "titan_megamoe.moe: a received expert id is not one of this rank's experts")
         ctx.save_for_backward(recv_x, recv_scores, w1_EHD, w2_EDH, w3_EHD, plan.packed, *residuals)
@@ -169,9 +172,21 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         recv_x, recv_scores, w1, w2, w3, packed, *residuals = ctx.saved_tensors
         r, K = ctx.route, ctx.K
         plan = RoutingPlan.from_packed(packed, ctx.layout)
-        recv_dout = exchange(dout_TD, r, index=r.send_order_N // K)
-        dx_recv, ds_recv, saved = ffn_backward_input(recv_dout, plan, recv_scores, w1, w2, w3, residuals, ctx.recipe)
-        dx_ND = to_routed_order(exchange(dx_recv, r, back=True), r)
+        if r.transport == "symm_mem":
+            # as the forward: dgrad starts on the experts whose dout rows have landed, reading them in place
+            # (they stay in the buffer until the weight gradients have read them: the next exchange out
+            # begins with a barrier, after them on every rank's stream); dx's GEMM stores each dx row
+            # straight into its token's rank
+            landing, arrivals, _ = send_counted(ctx.recipe.operand(dout_TD, backward=True), r, r.send_order_N // K)
+            dx_to, dx_back = back_from_gemm(r, plan, ctx.recipe.activation, dout_TD.shape[1:])
+            _, ds_recv, saved = ffn_backward_input(landing, plan, recv_scores, w1, w2, w3, residuals, ctx.recipe,
+                                                   arrivals=arrivals, dx_to=dx_to)
+            dx_ND = to_routed_order(dx_back(), r)
+        else:
+            recv_dout = exchange(dout_TD, r, index=r.send_order_N // K)
+            dx_recv, ds_recv, saved = ffn_backward_input(recv_dout, plan, recv_scores, w1, w2, w3, residuals,
+                                                         ctx.recipe)
+            dx_ND = to_routed_order(exchange(dx_recv, r, back=True), r)
         ds_N = to_routed_order(exchange(ds_recv, r, back=True), r)
         dx = combine(dx_ND, None, K, ctx.x_dtype)
         dw1, dw2, dw3 = ffn_backward_weights(recv_x, plan, w1, w2, saved, ctx.recipe)

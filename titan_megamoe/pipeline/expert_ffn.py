@@ -35,7 +35,7 @@ from ..precision import BlockScaled, Recipe
 from ..quant import E4M3, WEIGHT_BLOCK
 from ..kernels.dgrad_swiglu import dgrad_swiglu
 from ..kernels.gemm1_swiglu import gemm1_swiglu
-from ..kernels.grouped_gemm import expert_down_proj, expert_input_grad
+from ..kernels.grouped_gemm import PeerRows, expert_down_proj, expert_input_grad
 from ..kernels.quantize import (quantize_sorted_rows, quantize_token_tiles, quantize_weight_pair,
                                 quantize_weight_transposed)
 from ..kernels.wgrad import expert_wgrad_w2, expert_wgrad_w2_fp8, expert_wgrad_w13, expert_wgrad_w13_fp8
@@ -60,11 +60,13 @@ def _transposed_weights(residuals):
     return [BlockScaled(residuals[i], residuals[i + 1], WEIGHT_BLOCK) for i in (2, 4, 6)]
 
 
-def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, arrivals=None):
+def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, arrivals=None,
+                y_to: PeerRows | None = None):
     """(y rows [N, D] in row order, residuals). `arrivals` (bf16): GEMM1's programs wait for their expert's
-    rows to land first (`gemm1_swiglu`); rows_RD must then already be the operand (read in place)."""
+    rows to land first (`gemm1_swiglu`); rows_RD must then already be the operand (read in place).
+    `y_to` (bf16): GEMM2 stores the y rows at those destinations instead (the first value is then None)."""
     if recipe.quantized():
-        assert arrivals is None, "expert parallelism runs bf16"
+        assert arrivals is None and y_to is None, "expert parallelism runs bf16"
         pairs = [quantize_weight_pair(w) for w in (w1_EHD, w2_EDH, w3_EHD)]  # (W, W^T) each, one read
         (w1q, w1t), (w2q, w2t), (w3q, w3t) = pairs
         # x in sorted order: GEMM1 reads it through TMA (a gathered FP8 tile costs too many registers)
@@ -77,16 +79,20 @@ def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Reci
     assert arrivals is None or x is rows_RD, "rows still landing cannot be cast or copied before GEMM1 waits"
     g, u, h = gemm1_swiglu(x, recipe.operand(w1_EHD), recipe.operand(w3_EHD), plan, recipe.activation, p,
                            arrivals=arrivals)
-    y_ND = expert_down_proj(h, recipe.operand(w2_EDH), plan, recipe.activation, p)
+    y_ND = expert_down_proj(h, recipe.operand(w2_EDH), plan, recipe.activation, p, peers=y_to)
     return y_ND, [g, u]
 
 
-def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EHD, residuals, recipe: Recipe):
+def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EHD, residuals, recipe: Recipe,
+                       arrivals=None, dx_to: PeerRows | None = None):
     """(dx rows [N, D] in row order, ds [N] fp32 in row order, what the weight gradients need). Split from
     the weight gradients so that the dx rows can go on (combine, or the return trip under EP) while the
-    weight-gradient GEMMs run."""
+    weight-gradient GEMMs run. Expert parallelism with symmetric memory (bf16): with `arrivals` dgrad's
+    programs wait for their expert's dout rows to land in dy_RD (already the operand, in sorted order, read
+    in place: `dgrad_swiglu`); with `dx_to` dx's GEMM stores the rows there (dx is then None)."""
     g, u = residuals[:2]
     if recipe.quantized(backward=True):
+        assert arrivals is None and dx_to is None, "expert parallelism runs bf16"
         if recipe.quantized():  # made by the forward
             w1t, w2t, w3t = _transposed_weights(residuals)
         else:  # fp8_bwd: the forward ran bf16
@@ -98,9 +104,11 @@ def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EH
         return dx_ND, ds_N, (dy_tiles, *tiles)
     p = BF16
     dout = recipe.operand(dy_RD, backward=True)
-    dg, du, hs, ds_N = dgrad_swiglu(dout, recipe.operand(w2_EDH, backward=True), g, u, scores_N, plan, p)
+    assert arrivals is None or dout is dy_RD, "rows still landing cannot be cast or copied before dgrad waits"
+    dg, du, hs, ds_N = dgrad_swiglu(dout, recipe.operand(w2_EDH, backward=True), g, u, scores_N, plan, p,
+                                    arrivals=arrivals)
     dx_ND = expert_input_grad(dg, du, recipe.operand(w1_EHD, backward=True), recipe.operand(w3_EHD, backward=True),
-                              plan, recipe.activation, p)
+                              plan, recipe.activation, p, peers=dx_to)
     return dx_ND, ds_N, (dout, dg, du, hs)
 
 

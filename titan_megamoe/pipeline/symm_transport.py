@@ -4,9 +4,11 @@ rank's buffer, no all-to-all.
 One buffer per rank of the EP group, mapped into every peer (torch symmetric memory on CUDA:
 `torch.distributed._symmetric_memory.empty` + `rendezvous`, peers' buffers as tensors through
 `get_buffer`, NVLink on a multi-GPU host). One set per (process group, device type), shared by every MoE
-layer and call: a layer uses it only inside one exchange. An exchange of rows:
+layer and call. Each buffer: [flags: int32 per rank][counters: int32 per local expert][out region][back
+region]. Rows out to the experts' owners (scores, x, dout) land in the out region, rows back to the
+tokens' ranks (y, dx, ds) in the back region. An exchange of rows (`exchange_symmetric`):
 
-  1. barrier: every rank has copied the previous exchange out of its buffer
+  1. barrier: every rank is done with the regions' previous rows (copied out or read)
   2. each rank writes every row it sends straight to its destination rank and row, in one Triton launch
      (`kernels.peer_rows.scatter_rows`; x and dout rows are read by the send order where they lie, so
      no gathered copy is made first); destinations follow from the per-expert counts every rank holds
@@ -14,28 +16,31 @@ layer and call: a layer uses it only inside one exchange. An exchange of rows:
   3. each rank raises its flag in every peer (`signal_peers`: the exchange's epoch, after its writes)
      and waits until every peer's flag in its own buffer is up (`wait_for_peers`), on the device
   4. each rank copies what it received out of its own buffer
-Each buffer starts with the flags (one int32 per rank, `_HEADER` bytes), the rows follow.
 
-Out to the experts' owners (forward x, scores; backward dout): the rows land sorted by expert, and within
-an expert by (source rank, token): the order the receiving rank's plan gives them under the all-to-all
-too, so the expert FFN sees the same rows in the same order and the result is bitwise the same. The
-receiving plan follows from the counts alone (`expert_sorted_ids`): no ids travel, and the plan could
-exist before any row lands. Back to the tokens' ranks (y; dx, ds): each row returns to its send slot.
-No token is dropped: a buffer holds the most rows any rank receives in either direction, computed from
+Fused into the GEMMs: x and dout go out with per-expert counters (`send_counted`), and GEMM1 and dgrad
+wait per expert and read the landing rows in place, overlapping the transfer of the experts still in
+flight; y and dx come back from GEMM2's and dx's epilogues (`back_from_gemm`: each output row stored at
+its token's rank and send slot), overlapping the GEMM, with no barrier of their own: the back regions are
+free once every rank has passed the barrier of the route's exchange out (each rank is done with a region
+before its next barrier, in stream order), and the out regions are not written again before the next one.
+
+Out to the experts' owners: the rows land sorted by expert, and within an expert by (source rank, token):
+the order the receiving rank's plan gives them under the all-to-all too, so the expert FFN sees the same
+rows in the same order and the result is bitwise the same. The receiving plan follows from the counts
+alone (`expert_sorted_ids`): no ids travel, and the plan could exist before any row lands. Back to the
+tokens' ranks: each row returns to its send slot.
+No token is dropped: a region holds the most rows any rank receives in either direction, computed from
 the counts matrix, which every rank has, so every rank asks for the same size; when a call needs more the
-buffers are reallocated (a collective: every rank takes the same decision at the same exchange) with
-headroom, never truncated. Memory per rank: about 1.25x (max over ranks of rows received) x the widest
-row, once per process group, not per layer.
+buffers are reallocated (a collective: every rank takes the same decision at the same exchange out, sized
+for the way back too) with headroom, never truncated. Memory per rank: about 2 x 1.25x (max over ranks
+of rows received) x the widest row, once per process group, not per layer.
 
-The x rows also raise per-expert counters (`send_counted`): GEMM1's programs wait for their expert's
-count and read the landing rows in place, so GEMM1 overlaps the transfer of the experts still in flight.
-
-Where this stands (2026-12-04): GEMM2 does not write into the sources' buffers yet and the backward does
-not overlap. The first barrier is `_SymmetricMemory.barrier` (signal pads). On CPU (gloo, the CI tests)
-the same protocol runs on shared-memory files (`/dev/shm`) mapped by every rank, the kernels in Triton's
+The first barrier is `_SymmetricMemory.barrier` (signal pads). On CPU (gloo, the CI tests) the same
+protocol runs on shared-memory files (`/dev/shm`) mapped by every rank, the kernels in Triton's
 interpreter, with `dist.barrier` as the barrier: a stand-in for tests, not a transport for training.
 torch's CUDA symmetric memory refuses two ranks on one GPU (docs/ep.md), so the CUDA side has run on one
-H200 only as one rank (bitwise the single-process op, scripts/symm_mem_one_gpu.py); no cross-GPU transfer yet.
+H200 only as one rank (bitwise the single-process op, scripts/symm_mem_one_gpu.py, before the GEMM-fused
+return trip and dgrad's wait); no cross-GPU transfer yet.
 """
 
 from __future__ import annotations
@@ -47,20 +52,27 @@ import uuid
 import torch
 import torch.distributed as dist
 
+from ..kernels.grouped_gemm import PeerRows
 from ..kernels.peer_rows import column_blocks, scatter_rows, signal_peers, wait_for_peers
 
-# each buffer: [flags: int32 per rank][counters: int32 per local expert][rows], 16-byte aligned rows
+# each buffer: [flags: int32 per rank][counters: int32 per local expert][out rows][back rows], the regions
+# 16-byte aligned and of equal size (a multiple of _ALIGN)
 _FLAGS, _COUNTERS = 4096, 4096  # bytes: up to 1024 ranks, 1024 local experts
 _HEADER = _FLAGS + _COUNTERS
 _HEADROOM = 1.25  # reallocate with room to spare: routing shifts a little from step to step
 _ALIGN = 1 << 20
 
 
-def _address_tables(buffer_addresses: list[int], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every rank's buffer address in this process -> (its flags', its counters', its rows' addresses),
-    int64 on the device: the tables the transport kernels index by rank."""
+def _address_tables(buffer_addresses: list[int], region_bytes: int, device):
+    """Every rank's buffer address in this process -> (its flags', its counters', its out region's, its
+    back region's addresses), int64 on the device: the tables the transport kernels index by rank."""
     flags = torch.tensor(buffer_addresses, dtype=torch.int64, device=device)
-    return flags, flags + _FLAGS, flags + _HEADER
+    return flags, flags + _FLAGS, flags + _HEADER, flags + _HEADER + region_bytes
+
+
+def _region_offset(dtype: torch.dtype, offset: int, back: bool, region_bytes: int) -> int:
+    """Elements of dtype from the start of the rows to element `offset` of the out or back region."""
+    return ((region_bytes if back else 0) + offset * dtype.itemsize) // dtype.itemsize
 
 
 class _CudaSymmetricBuffers:
@@ -73,12 +85,13 @@ class _CudaSymmetricBuffers:
         self.nbytes, self._handle, self._local, self.epoch = 0, None, None, 0
 
     def allocate(self, nbytes: int) -> None:
+        """`nbytes` per region (out and back)."""
         if self._local is not None:
             # the last exchange's copy-out may still be reading the old buffer on the stream, and this
             # allocator need not wait for the stream before freeing: growth is rare, synchronise
             torch.cuda.synchronize(self._device)
             self._handle = self._local = None
-        self._local = self._symm.empty(_HEADER + nbytes, dtype=torch.uint8, device=self._device)
+        self._local = self._symm.empty(_HEADER + 2 * nbytes, dtype=torch.uint8, device=self._device)
         self._local[:_HEADER].zero_()  # the flags; the exchange's first barrier orders this before any signal
         self._handle = self._symm.rendezvous(self._local, self._group.group_name)
         self.nbytes = nbytes
@@ -86,12 +99,13 @@ class _CudaSymmetricBuffers:
         self.flags = self._local[:4 * world].view(torch.int32)
         self.counters = self._local[_FLAGS:_HEADER].view(torch.int32)
         self.counted = None  # what each counter reads once every exchange so far has landed (host side)
-        self.flag_addresses, self.counter_addresses, self.row_addresses = _address_tables(
-            [self._handle.get_buffer(r, (1,), torch.uint8, 0).data_ptr() for r in range(world)], self._device)
+        self.flag_addresses, self.counter_addresses, self.row_addresses, self.back_addresses = _address_tables(
+            [self._handle.get_buffer(r, (1,), torch.uint8, 0).data_ptr() for r in range(world)], nbytes, self._device)
 
-    def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
-        """Rank `rank`'s rows as `shape` elements of dtype, starting `offset` elements in."""
-        return self._handle.get_buffer(rank, shape, dtype, _HEADER // dtype.itemsize + offset)
+    def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int, back: bool = False):
+        """Rank `rank`'s out (or back) region as `shape` elements of dtype, starting `offset` elements in."""
+        return self._handle.get_buffer(rank, shape, dtype,
+                                       _HEADER // dtype.itemsize + _region_offset(dtype, offset, back, self.nbytes))
 
     def barrier(self) -> None:
         self._handle.barrier(channel=0)
@@ -109,9 +123,10 @@ class _SharedFileBuffers:
         self.nbytes, self._generation, self._maps, self.epoch = 0, 0, [], 0
 
     def allocate(self, nbytes: int) -> None:
+        """`nbytes` per region (out and back)."""
         self._generation += 1
         path = lambda r: f"{self._prefix}_{self._generation}_{r}"  # noqa: E731
-        size = _HEADER + nbytes
+        size = _HEADER + 2 * nbytes
         torch.from_file(path(self._rank), shared=True, size=size, dtype=torch.uint8)  # creates it, zeroed
         dist.barrier(group=self._group)
         self._maps = [torch.from_file(path(r), shared=True, size=size, dtype=torch.uint8)
@@ -122,12 +137,13 @@ class _SharedFileBuffers:
         self.flags = self._maps[self._rank][:4 * self._world].view(torch.int32)
         self.counters = self._maps[self._rank][_FLAGS:_HEADER].view(torch.int32)
         self.counted = None
-        self.flag_addresses, self.counter_addresses, self.row_addresses = _address_tables(
-            [m.data_ptr() for m in self._maps], "cpu")
+        self.flag_addresses, self.counter_addresses, self.row_addresses, self.back_addresses = _address_tables(
+            [m.data_ptr() for m in self._maps], nbytes, "cpu")
 
-    def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int) -> torch.Tensor:
+    def view(self, rank: int, dtype: torch.dtype, shape: tuple[int, ...], offset: int, back: bool = False):
         flat = self._maps[rank][_HEADER:].view(dtype)
-        return flat[offset:offset + math.prod(shape)].view(shape)
+        start = _region_offset(dtype, offset, back, self.nbytes)
+        return flat[start:start + math.prod(shape)].view(shape)
 
     def barrier(self) -> None:
         dist.barrier(group=self._group)
@@ -203,27 +219,35 @@ def _maps(r, back: bool):
 
 
 def _send(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None, count: bool):
-    """Steps 1-3a of an exchange: barrier, every row to its place (and, `count`, the destination's
-    per-expert counters raised), this rank's flag raised in every peer. Returns (buffers, this rank's
-    received rows as they land in its buffer)."""
+    """Steps 1-3a of an exchange: barrier, every row to its place in the out (or back) region (and,
+    `count`, the destination's per-expert counters raised), this rank's flag raised in every peer.
+    Returns (buffers, this rank's received rows as they land in its buffer)."""
     assert index is None or not back, "rows go back from where they were received, not by an index"
     me = dist.get_rank(r.group)
     row_numel = math.prod(rows.shape[1:])
-    dst_rank, dst_row, n_out, most, dst_expert = _maps(r, back)
+    dst_rank, dst_row, n_out, _, dst_expert = _maps(r, back)
     if len(r.expert_counts) > _FLAGS // 4 or r.num_local_experts > _COUNTERS // 4:
         raise ValueError(f"ep_transport='symm_mem' supports up to {_FLAGS // 4} EP ranks and {_COUNTERS // 4} local "
                          f"experts per rank, got {len(r.expert_counts)} and {r.num_local_experts}; use "
                          f"ep_transport='all_to_all'")
     bufs = _buffers(r.group, rows.device)
-    need = most * row_numel * rows.element_size()
+    need = _region_bytes(r, row_numel * rows.element_size())
     if need > bufs.nbytes:  # every rank computes the same `need`: the reallocation is collective
         bufs.allocate(max(_ALIGN, -(-int(need * _HEADROOM) // _ALIGN) * _ALIGN))
     bufs.barrier()  # peers have copied the previous exchange out of their buffers
     bufs.epoch += 1  # every rank counts the same exchanges in the same order
     counts = (bufs.counter_addresses, dst_expert) if count else None
-    scatter_rows(rows.reshape(rows.shape[0], row_numel), dst_rank, dst_row, bufs.row_addresses, index, counts)
+    addresses = bufs.back_addresses if back else bufs.row_addresses
+    scatter_rows(rows.reshape(rows.shape[0], row_numel), dst_rank, dst_row, addresses, index, counts)
     signal_peers(bufs.flag_addresses, me, bufs.epoch)  # after this rank's rows, on the same stream
-    return bufs, bufs.view(me, rows.dtype, (n_out, *rows.shape[1:]), 0)
+    return bufs, bufs.view(me, rows.dtype, (n_out, *rows.shape[1:]), 0, back)
+
+
+def _region_bytes(r, row_bytes: int) -> int:
+    """Bytes a region needs for rows of row_bytes in this route, either direction (the most rows any rank
+    receives, out or back): an exchange out sizes the back region too, so that the GEMM writing the rows
+    back (`back_from_gemm`, which cannot reallocate under a running GEMM1) finds room."""
+    return max(_maps(r, False)[3], _maps(r, True)[3]) * row_bytes
 
 
 def exchange_symmetric(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None = None) -> torch.Tensor:
@@ -254,3 +278,35 @@ def send_counted(rows: torch.Tensor, r, index: torch.Tensor):
         return landing.clone()
 
     return landing, arrivals, finish
+
+
+def back_from_gemm(r, plan, dtype: torch.dtype, row_shape: tuple[int, ...]):
+    """Back to the tokens' ranks, stored by a GEMM's epilogue (GEMM2's y rows, dx's rows) straight into
+    their ranks' back regions: returns (`PeerRows` for the GEMM's `peers`; `finish`, to call once the GEMM
+    is launched, which raises this rank's flag after it, waits for every peer's and returns the rows this
+    rank got back, in send order: a view of its buffer, to be copied before the next exchange).
+
+    No barrier before the GEMM writes: the back region is free once every rank has passed the barrier
+    that began the exchange out (rows out of the same route, made just before), since each rank copies a
+    region's rows out before its next barrier. The exchange out sized the region for these rows."""
+    me = dist.get_rank(r.group)
+    dst_rank, dst_row, n_back, _, _ = _maps(r, back=True)
+    bufs = _buffers(r.group, dst_rank.device)
+    row_numel = math.prod(row_shape)
+    need = _region_bytes(r, row_numel * dtype.itemsize)
+    assert need <= bufs.nbytes, "the exchange out of this route sizes the back region first"
+    key = ("offsets", dtype, row_numel, bufs.nbytes)
+    if key not in r.cache:
+        # element offsets from this rank's back region to each row's place in its destination's (regions
+        # are element-aligned: 1 MiB multiples apart, mapped at page boundaries), by the plan's sorted row
+        region_offset = (bufs.back_addresses - bufs.back_addresses[me]) // dtype.itemsize
+        r.cache[key] = (region_offset[dst_rank] + dst_row * row_numel)[plan.order_N]
+    peers = PeerRows(bufs.view(me, dtype, (max(n_back, 1), *row_shape), 0, back=True), r.cache[key])
+
+    def finish() -> torch.Tensor:
+        bufs.epoch += 1
+        signal_peers(bufs.flag_addresses, me, bufs.epoch)  # after the GEMM's stores, on the same stream
+        wait_for_peers(bufs.flags, bufs.epoch)
+        return bufs.view(me, dtype, (n_back, *row_shape), 0, back=True)
+
+    return peers, finish

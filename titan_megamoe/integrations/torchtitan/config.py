@@ -55,7 +55,7 @@ class MegaMoE:
     """Under op-level SAC: false = the fused op is recomputed in backward like stock's grouped GEMMs; true = its outputs are saved."""
 
     ep_transport: str = "auto"
-    """With parallelism.expert_parallel_degree > 1: how token rows move between EP ranks. all_to_all = torch.distributed all-to-all (NCCL, gloo on CPU); symm_mem = a Triton kernel writes the rows into the peers' torch symmetric-memory buffers, sorted by expert, and GEMM1 starts on each expert once its rows have landed (Triton backend; GEMM2 and the backward do not overlap yet; not measured on GPUs); auto = all_to_all."""
+    """With parallelism.expert_parallel_degree > 1: how token rows move between EP ranks. all_to_all = torch.distributed all-to-all (NCCL, gloo on CPU); symm_mem = a Triton kernel writes the rows into the peers' torch symmetric-memory buffers, sorted by expert; GEMM1 (and dgrad in the backward) start on each expert once its rows have landed, and GEMM2 (dx's GEMM) store their rows straight into the tokens' ranks (Triton backend; not measured on GPUs); auto = all_to_all."""
 
     tile_table: str = ""
     """A tile-config table from `titan-megamoe tune --out FILE` for this model's shape (every rank reads the same file); empty = the shipped table and defaults."""
