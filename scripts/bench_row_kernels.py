@@ -6,6 +6,11 @@
 2. dgrad's elementwise dSwiGLU (`_dswiglu_rows_kernel`) over a grid of row/column blocks and warps; every
    variant's dg, du, s*h asserted bitwise equal to the first one's (ds partial sums are split by the
    column block, so only their totals are compared, to fp32 rounding).
+3. Block FP8 dgrad's elementwise half (`dgrad_swiglu._dswiglu_fp8`) at Qwen3-30B-A3B T=16384: the single
+   kernel against the split pair (rows kernel + token-tile kernel) for each setting of its knobs, and each
+   kernel of the pair alone; every variant checked bitwise against the single kernel (real rows and real
+   tiles; "WRONG" and not timed otherwise). Times with and without CUDA graphs (the launcher's host work
+   between the timing events).
 
 Times are `triton.testing.do_bench` medians in microseconds. Writes JSON (environment, rows) to --out.
 
@@ -92,17 +97,109 @@ def bench_dswiglu_rows(do_bench):
     return rows
 
 
+def bench_fp8_dswiglu(do_bench):
+    import triton
+
+    from titan_megamoe.kernels import dgrad_swiglu as m
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    T, K, E, H = 16384, 8, 128, 768
+    N = T * K
+    knobs = ("_FP8_DSWIGLU_SPLIT", "_FP8_ROWS_BLOCK_M", "_FP8_ROWS_WARPS", "_FP8_TILES_WARPS",
+             "_FP8_TILES_COL_BLOCKS", "_FP8_TILES_BLOCK_N")
+    defaults = {k: getattr(m, k) for k in knobs}
+    row_keys = ("dg", "dg_scale", "du", "du_scale", "ds_part")
+    tile_keys = tuple(f"{n}{k}" for n in ("dgT", "duT", "hsT") for k in ("", "_scale"))
+    os.environ.pop("TITAN_MEGAMOE_POISON", None)  # NaN fills would be timed with the kernels
+    ids = torch.argsort(torch.rand(T, E, device="cuda"), dim=1)[:, :K]
+    plan = build_routing_plan(ids, E, 128)
+    q, g, u = (torch.randn(N, H, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    scores = torch.rand(N, device="cuda")
+    real = int(plan.tile_expert.ge(0).sum())  # tiles past the real count are written by neither path
+    P = real * 128
+    # bytes moved: q, g, u read (bf16); e4m3 outputs, fp32 scales and ds_part written
+    rows_bytes = N * H * (3 * 2 + 2) + 3 * N * (H // 128) * 4
+    tiles_bytes = N * H * 3 * 2 + 3 * H * P + 3 * H * (P // 128) * 4
+    single_bytes = N * H * 3 * 2 + 2 * N * H + 3 * H * P + 3 * N * (H // 128) * 4 + 3 * H * (P // 128) * 4
+    real_launch = m.launch
+
+    def bits(t):
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.view(torch.int32)
+
+    def set_knobs(k):
+        for name in knobs:
+            setattr(m, name, k.get(name, defaults[name]))
+
+    def run():
+        return m._dswiglu_fp8(q, g, u, scores, plan)
+
+    def outputs(k):
+        set_knobs(k)
+        dg, du, tiles, ds_part = run()
+        out = dict(zip(row_keys, (dg.data, dg.scale, du.data, du.scale, ds_part)))
+        for name, t in zip(("dgT", "duT", "hsT"), tiles):
+            out[name], out[name + "_scale"] = t.data[:, :P], t.scale[:, :real]
+        return out
+
+    variants = [("single kernel", dict(_FP8_DSWIGLU_SPLIT=False), None, row_keys + tile_keys, single_bytes)]
+    for bm, tw, cb in itertools.product((32, 64), (4, 8), (1, 2)):
+        variants.append((f"split: rows {bm}x128 8w, tiles {tw}w {cb}x128",
+                         dict(_FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=8, _FP8_TILES_WARPS=tw,
+                              _FP8_TILES_COL_BLOCKS=cb), None, row_keys + tile_keys, rows_bytes + tiles_bytes))
+    for bm, rw in itertools.product((32, 64), (4, 8)):
+        variants.append((f"rows kernel alone {bm}x128 {rw}w", dict(_FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm,
+                         _FP8_ROWS_WARPS=rw), m._dswiglu_fp8_rows_kernel, row_keys, rows_bytes))
+    for tw, cb, step in itertools.product((4, 8), (1, 2), (32, 64, 128)):
+        variants.append((f"tiles kernel alone {tw}w {cb}x128 step {step}",
+                         dict(_FP8_DSWIGLU_SPLIT=True, _FP8_TILES_WARPS=tw, _FP8_TILES_COL_BLOCKS=cb,
+                              _FP8_TILES_BLOCK_N=step), m._dswiglu_fp8_tiles_kernel, tile_keys, tiles_bytes))
+    ref = outputs(dict(_FP8_DSWIGLU_SPLIT=False))
+    rows = []
+    for name, k, kernel, keys, nbytes in variants:
+        r = {"variant": name, "knobs": k, "bytes": nbytes}
+        # one kernel of the pair alone: the other's launch skipped
+        m.launch = (lambda fn, *a, _only=kernel, **kw: real_launch(fn, *a, **kw) if fn is _only else None) \
+            if kernel is not None else real_launch
+        try:
+            got = outputs(k)
+            bad = [key for key in keys if not torch.equal(bits(got[key]), bits(ref[key]))]
+            del got
+            if bad:
+                r.update(status="WRONG", mismatched=bad)
+            else:
+                set_knobs(k)
+                r.update(status="ok", us=do_bench(run, warmup=25, rep=200) * 1e3)
+                r["gb_per_s"] = nbytes / (r["us"] * 1e-6) / 1e9
+                r["graph_us"] = triton.testing.do_bench_cudagraph(run, rep=20) * 1e3
+        except Exception as e:  # noqa: BLE001 (one variant's compile failure must not stop the others)
+            r["status"] = f"error {type(e).__name__}: {str(e)[:300]}"
+        finally:
+            m.launch = real_launch
+            set_knobs({})
+        rows.append(r)
+        timing = (f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s), graph {r['graph_us']:.1f} us" if "us" in r
+                  else r["status"])
+        print(f"fp8 dswiglu {name}: {timing}", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
+    ap.add_argument("--sections", nargs="+", default=["copies", "dswiglu_rows", "fp8_dswiglu"],
+                    choices=["copies", "dswiglu_rows", "fp8_dswiglu"])
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_row_kernels.py needs a CUDA GPU")
     from triton.testing import do_bench
 
     torch.manual_seed(0)
-    result = {"environment": environment(), "sorted_copies": bench_copies(do_bench),
-              "dswiglu_rows": bench_dswiglu_rows(do_bench)}
+    sections = {"copies": ("sorted_copies", bench_copies), "dswiglu_rows": ("dswiglu_rows", bench_dswiglu_rows),
+                "fp8_dswiglu": ("fp8_dswiglu", bench_fp8_dswiglu)}
+    result = {"environment": environment()}
+    for name in a.sections:
+        key, fn = sections[name]
+        result[key] = fn(do_bench)
     path = result_path(a.out, "bench_row_kernels")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)

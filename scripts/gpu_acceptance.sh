@@ -23,7 +23,7 @@ gpu_tests() {
   local rc=0
   for files in "tests/test_gpu_kernels.py" \
       "tests/test_tune.py tests/test_op_api.py tests/test_kernel_wgrad.py tests/test_routing.py tests/test_router.py tests/test_peer_rows.py tests/test_launch.py" \
-      "tests/test_fp8_kernels.py tests/test_quant_kernels.py tests/test_wgrad_fp8.py tests/test_eager_path.py"; do
+      "tests/test_fp8_kernels.py tests/test_quant_kernels.py tests/test_wgrad_fp8.py tests/test_eager_path.py tests/test_fp8_dswiglu_split.py"; do
     # shellcheck disable=SC2086
     python3 -m pytest -v -p no:cacheprovider --tb=short -rfs $files ${TESTS_K:+-k "$TESTS_K"} &
   done

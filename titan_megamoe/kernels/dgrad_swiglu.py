@@ -26,6 +26,15 @@ row blocks for dx, and dg, du, s*h in the token-tile layout (`quant.quantize_tok
 weight gradients. No bf16 copy of dg, du or s*h is written. The fused FP8 epilogue this replaced held
 the block-scaled main loop's partial products beside the whole dSwiGLU and spilled: 6.2 ms at
 Qwen3-30B-A3B T=16384 on an H200, against 1.1 ms for bf16's split pair (docs/kernels.md).
+
+`_dswiglu_fp8_kernel` itself spills too (five outputs, two of them transposed, at 16 warps: 1.32 ms,
+~840 GB/s). The candidate replacement (`_FP8_DSWIGLU_SPLIT`, off until it is timed on the H200) runs
+the same work as two kernels that each recompute the dSwiGLU from q, g, u: `_dswiglu_fp8_rows_kernel`
+(small row blocks of the N real rows, no transposes: dg, du rows and ds) and `_dswiglu_fp8_tiles_kernel`
+(per plan tile, the three transposed token tiles). They read q, g, u twice, but each is shaped like a
+kernel that ran fast on the H200 (the bf16 rows kernel, the token-tile quantizer). Same helpers, same
+rounding points: bitwise the same outputs in the interpreter (tests/test_fp8_dswiglu_split.py, which
+also runs on the GPU).
 """
 
 from __future__ import annotations
@@ -47,9 +56,22 @@ from .peer_rows import wait_for_expert_rows
 from .schedule import row_tile
 from .sorted_rows import sorted_rows
 
-# the FP8 dSwiGLU program's warps: on the H200 16 were fastest, 1.32 ms at 30B-A3B T=16384 against 2.04 with
+# `_dswiglu_fp8_kernel`'s warps: on the H200 16 were fastest, 1.32 ms at 30B-A3B T=16384 against 2.04 with
 # 8, though sm_90's compile spills at both (docs/results/tune_logs/2026-12-04_fp8_dswiglu_modes_3a5e4c7.log)
 _FP8_DSWIGLU = dict(num_warps=16)
+
+# Block FP8 dSwiGLU as the rows + token-tiles pair (True) or as `_dswiglu_fp8_kernel` (False, the one
+# measured on the H200, hence the default): the switch and the knobs below are read at each call, so a
+# GPU script can time every variant (`scripts/bench_row_kernels.py --sections fp8_dswiglu`, each checked
+# bitwise first). The pair has not run on a GPU yet (none was lent on 2026-12-04 late evening);
+# starting points from kernels of the same shape: the bf16 rows kernel's 32 x 128 at 8 warps
+# (`_ROWS_BLOCK_M`; 74 registers, no spill in the sm_90 compile), the token-tile quantizer's 4 warps with
+# two column blocks in turn (`quantize.py`), here in 32-column steps: dg, du and s*h live at once, and 4
+# warps spill 2.2 KB a thread at 128-column steps, 1 KB at 64, 56 B at 32 (local Triton's sm_90 compile,
+# as scripts/sm90_resources.py does it; the GPU's Triton may differ).
+_FP8_DSWIGLU_SPLIT = False
+_FP8_ROWS_BLOCK_M, _FP8_ROWS_WARPS = 32, 8
+_FP8_TILES_WARPS, _FP8_TILES_COL_BLOCKS, _FP8_TILES_BLOCK_N = 4, 2, 32
 
 
 @triton.jit
@@ -153,6 +175,66 @@ def _dswiglu_fp8_kernel(
     tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
 
 
+@triton.jit
+def _dswiglu_fp8_rows_kernel(
+    q_ptr, g_ptr, u_ptr, scores_ptr, order_ptr,  # q, g, u [N, H] bf16 sorted; scores [N] row order (fp32)
+    dg_ptr, dg_s_ptr, du_ptr, du_s_ptr,  # dg, du e4m3 [N, H] sorted rows, scales [N, H/128]
+    ds_part_ptr,  # [N, H/128] row order, fp32
+    N, H,
+    BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """The row half of `_dswiglu_fp8_kernel`: BLOCK_M sorted rows by one 1x128 row block, dg and du
+    quantized along the row and ds's share. The N real rows are contiguous in sorted order, so the blocks
+    run over them with no plan tiles (a row block may span two experts: every value is per row)."""
+    num_n = H // BLOCK
+    pid_m = tl.program_id(0) // num_n
+    pid_n = tl.program_id(0) % num_n  # a block's column programs are neighbours: they share order, scores
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
+    routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
+    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None], other=0.0)
+    dg, du, _, ds_part = dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+    store_rows_fp8(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, H, pid_n, INTERPRET)
+    store_rows_fp8(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, H, pid_n, INTERPRET)
+    tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+
+
+@triton.jit
+def _dswiglu_fp8_tiles_kernel(
+    q_ptr, g_ptr, u_ptr, scores_ptr,  # q, g, u [N, H] bf16 sorted; scores [N] row order (fp32)
+    order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+    dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr,  # token tiles e4m3 [H, P], scales [H, P/128]
+    H, P,
+    BLOCK: tl.constexpr, COL_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """The token-tile half of `_dswiglu_fp8_kernel`: one plan tile by COL_BLOCKS blocks of 128 columns,
+    BLOCK_N columns at a time (as in the token-tile quantizer, the next step's loads overlap this step's
+    transposed stores). A token tile's scales are per column, so a step may be narrower than a block:
+    dg, du, s*h for 128 x 128 at 4 warps would be 384 fp32 registers a thread."""
+    num_n = H // BLOCK
+    col_programs = tl.cdiv(num_n, COL_BLOCKS)
+    tile = tl.program_id(0) // col_programs
+    col0 = (tl.program_id(0) % col_programs) * COL_BLOCKS * BLOCK
+    expert = tl.load(tile_expert_ptr + tile)
+    if expert < 0:  # past the real count: the weight gradients never read this tile
+        return
+    rows = tl.load(tile_row_ptr + tile) + tl.arange(0, BLOCK)
+    row_ok = rows < tl.load(offsets_ptr + expert + 1)  # rows past the expert's end: zeros (token-tile padding)
+    routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
+    s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
+    for n0 in tl.range(col0, col0 + COL_BLOCKS * BLOCK, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < H  # false for the last program's second block when H / 128 is odd
+        q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None] & n_ok[None, :],
+                    other=0.0)
+        dg, du, hs, _ = dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+        store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+        store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+        store_token_tile(dut_ptr, dut_s_ptr, du, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
+
+
 # 32 x 128 at 8 warps: 0.32 ms against 0.41 for 64 x 128 at Qwen3-30B-A3B T=16384 (0.62 / 0.80 at
 # 235B-A22B), the fastest of 32/64/128 rows x 64/128/256 columns x 4/8 warps on the H200 (docs/kernels.md)
 _ROWS_BLOCK_M, _ROWS_BLOCK_N = 32, 128
@@ -215,26 +297,48 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
 
 def _dgrad_swiglu_fp8(dout_ND: BlockScaled, w2t_EHD: BlockScaled, g_NH, u_NH, scores_N, plan: RoutingPlan,
                       precision: str):
-    N, H = g_NH.shape
     if plan.layout.block_m != _FP8_BLOCK:
         raise ValueError(f"block-FP8 dgrad needs a plan of {_FP8_BLOCK}-row tiles (one token block per tile), got "
                          f"block_m {plan.layout.block_m}")
     q = expert_h_grad(dout_ND, w2t_EHD, plan, g_NH.dtype, precision)
+    dg, du, tiles, ds_part = _dswiglu_fp8(q, g_NH, u_NH, scores_N, plan)
+    return dg, du, tiles, ds_part.sum(dim=1)
+
+
+def _dswiglu_fp8(q_NH, g_NH, u_NH, scores_N, plan: RoutingPlan):
+    """Block FP8 dgrad's elementwise half from q (bf16, sorted rows): (dg, du as `BlockScaled` 1x128 rows
+    [N, H]; (dg, du, s*h) as `BlockScaled` token tiles [H, P]; ds_part [N, H/128] fp32, row order)."""
+    N, H = g_NH.shape
     num_n = H // _FP8_BLOCK
     dev = g_NH.device
     rows = [BlockScaled(new_output((N, H), torch.float8_e4m3fn, dev), new_output((N, num_n), torch.float32, dev),
                         (1, _FP8_BLOCK)) for _ in range(2)]  # dg, du: 1x128 rows for dx
-    P = plan.layout.num_tiles * _FP8_BLOCK
+    num_tiles = plan.layout.num_tiles
+    P = num_tiles * _FP8_BLOCK
     tiles = [BlockScaled(new_output((H, P), torch.float8_e4m3fn, dev),
                          new_output((H, P // _FP8_BLOCK), torch.float32, dev), (1, _FP8_BLOCK))
              for _ in range(3)]  # dg, du, s*h: token tiles for the weight gradients
     ds_part = new_output((N, num_n), torch.float32, dev)
-    grid = (plan.layout.num_tiles * num_n,)
-    if grid[0] > 0:
+    row_args = [x for t in rows for x in (t.data, t.scale)]
+    tile_args = [x for t in tiles for x in (t.data, t.scale)]
+    plan_args = (plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1)
+    if not _FP8_DSWIGLU_SPLIT:
+        if num_tiles * num_n > 0:
+            launch(
+                _dswiglu_fp8_kernel, (num_tiles * num_n,),
+                q_NH, g_NH, u_NH, scores_N, *plan_args, *row_args, *tile_args, ds_part,
+                H, P, BLOCK=_FP8_BLOCK, INTERPRET=INTERPRET, **_FP8_DSWIGLU,
+            )
+    elif N * num_n > 0:  # N > 0: at least one real tile
         launch(
-            _dswiglu_fp8_kernel, grid,
-            q, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
-            *(x for t in rows for x in (t.data, t.scale)), *(x for t in tiles for x in (t.data, t.scale)), ds_part,
-            H, P, BLOCK=_FP8_BLOCK, INTERPRET=INTERPRET, **_FP8_DSWIGLU,
+            _dswiglu_fp8_rows_kernel, (triton.cdiv(N, _FP8_ROWS_BLOCK_M) * num_n,),
+            q_NH, g_NH, u_NH, scores_N, plan.order_N, *row_args, ds_part, N, H,
+            BLOCK_M=_FP8_ROWS_BLOCK_M, BLOCK=_FP8_BLOCK, INTERPRET=INTERPRET, num_warps=_FP8_ROWS_WARPS,
         )
-    return rows[0], rows[1], tuple(tiles), ds_part.sum(dim=1)
+        launch(
+            _dswiglu_fp8_tiles_kernel, (num_tiles * triton.cdiv(num_n, _FP8_TILES_COL_BLOCKS),),
+            q_NH, g_NH, u_NH, scores_N, *plan_args, *tile_args, H, P,
+            BLOCK=_FP8_BLOCK, COL_BLOCKS=_FP8_TILES_COL_BLOCKS, BLOCK_N=_FP8_TILES_BLOCK_N, INTERPRET=INTERPRET,
+            num_warps=_FP8_TILES_WARPS,
+        )
+    return rows[0], rows[1], tuple(tiles), ds_part
