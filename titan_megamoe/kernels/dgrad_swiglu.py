@@ -142,6 +142,15 @@ def _dswiglu_rows_kernel(
 
 
 @triton.jit
+def _dswiglu_of_q(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, q_mask, H, INTERPRET: tl.constexpr):
+    """(dg, du, s*h, ds's share) of sorted rows x columns offs_n from q (bf16 [N, H], zero where q_mask is
+    false), g, u and the rows' scores s: the FP8 kernels' one dSwiGLU, so that each computes it from the
+    same expressions (their outputs are compared bit for bit)."""
+    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=q_mask, other=0.0)
+    return dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+
+
+@triton.jit
 def _dswiglu_fp8_kernel(
     q_ptr, g_ptr, u_ptr, scores_ptr,  # q, g, u [N, H] bf16 sorted; scores [N] row order (fp32)
     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
@@ -165,8 +174,7 @@ def _dswiglu_fp8_kernel(
     n_ok = offs_n < H
     routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
     s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
-    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None], other=0.0)
-    dg, du, hs, ds_part = dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+    dg, du, hs, ds_part = _dswiglu_of_q(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, row_ok[:, None], H, INTERPRET)
     store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
     store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
     store_token_tile(dut_ptr, dut_s_ptr, du, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
@@ -194,8 +202,7 @@ def _dswiglu_fp8_rows_kernel(
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
     s = tl.load(scores_ptr + routed, mask=row_ok, other=0.0)
-    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None], other=0.0)
-    dg, du, _, ds_part = dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+    dg, du, _, ds_part = _dswiglu_of_q(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, row_ok[:, None], H, INTERPRET)
     store_rows_fp8(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, H, pid_n, INTERPRET)
     store_rows_fp8(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, H, pid_n, INTERPRET)
     tl.store(ds_part_ptr + routed.to(tl.int64) * num_n + pid_n, ds_part, mask=row_ok)
@@ -227,9 +234,8 @@ def _dswiglu_fp8_tiles_kernel(
     for n0 in tl.range(col0, col0 + COL_BLOCKS * BLOCK, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < H  # false for the last program's second block when H / 128 is odd
-        q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None] & n_ok[None, :],
-                    other=0.0)
-        dg, du, hs, _ = dswiglu_values_bf16(q.to(tl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET)
+        dg, du, hs, _ = _dswiglu_of_q(q_ptr, g_ptr, u_ptr, s, rows, row_ok, offs_n, row_ok[:, None] & n_ok[None, :], H,
+                                      INTERPRET)
         store_token_tile(hst_ptr, hst_s_ptr, hs, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
         store_token_tile(dgt_ptr, dgt_s_ptr, dg, tile, offs_n, n_ok, P, BLOCK, INTERPRET)
         store_token_tile(dut_ptr, dut_s_ptr, du, tile, offs_n, n_ok, P, BLOCK, INTERPRET)

@@ -7,14 +7,17 @@ passed as int64 and cast to pointers inside the kernels.
 
 `scatter_rows` writes each row straight from where it is (with `index`, row i is source row index[i]:
 the token rows of x and dout, read by the send order, no gathered copy first) to its own destination rank
-and row, every destination in one launch.
+and row, every destination in one launch. Two pieces go into the GEMMs instead of launches of their own:
+`wait_for_expert_rows` (GEMM1, dgrad: a program waits for its expert's counter of landed rows) and
+`store_rows_to_peers` (GEMM2, dx: the epilogue stores each output row into its token's rank).
 
-Ordering: `signal_peers` is launched after the exchange's `scatter_rows` on the same stream, so all of
-this rank's rows are written before any peer can see its flag; the flag store is a release at system
-scope and `wait_for_peers` reads with acquire at system scope, so a rank that sees a peer's flag also
-sees that peer's rows. A flag holds the number of the exchange (an epoch every rank advances in the same
-order) and is never reset: from the previous exchange it still reads one less than the epoch waited for.
-No rank can be a whole exchange ahead (each exchange starts with a barrier), so `< epoch` means "not yet".
+Ordering: `signal_peers` is launched after the exchange's `scatter_rows` (or the GEMM storing rows back)
+on the same stream, so all of this rank's rows are written before any peer can see its flag; the flag
+store is a release at system scope and `wait_for_peers` reads with acquire at system scope, so a rank
+that sees a peer's flag also sees that peer's rows. A flag holds the number of the exchange (an epoch
+every rank advances in the same order) and is never reset: from the previous exchange it still reads one
+less than the epoch waited for. No rank can be a whole exchange ahead (every route's exchanges start with
+a barrier), so `< epoch` means "not yet".
 """
 
 from __future__ import annotations
