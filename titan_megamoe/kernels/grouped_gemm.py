@@ -109,8 +109,8 @@ class PeerRows:
     memory, `symm_transport.back_from_gemm`): the output of the plan's sorted row p starts offsets[p]
     elements from base, which lands it in its token's rank's buffer (peers' buffers are mapped into this
     process, so one base and an offset reach any of them). By sorted row, not routed row: the epilogue
-    then reads its offsets contiguously, without the order gather (fewer registers: on sm_90 the gather
-    before the offsets' load took GEMM2's spill from 536 to 904 bytes)."""
+    then reads its offsets contiguously, without the order gather (`peer_rows.store_rows_to_peers` has
+    the sm_90 spill figures)."""
 
     base: torch.Tensor  # this rank's own rows, in the output dtype
     offsets: torch.Tensor  # int64 [N], elements from base, by sorted row
