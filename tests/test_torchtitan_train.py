@@ -210,6 +210,18 @@ def test_expert_parallel_four_gloo_ranks_with_fsdp(tmp_path):
     assert_steps_close(mega, stock)
 
 
+def test_expert_parallel_four_ranks_ep_four(tmp_path):
+    """EP 4 with FSDP over the same 4 ranks (dp_shard=4, ep=4: each rank holds 2 of the 8 experts, a
+    token's K=2 rows mostly go to two other ranks): mega_moe's losses and grad norms are stock EP's, step
+    by step, as at EP 2."""
+    ep4 = ("--parallelism.expert_parallel_degree", "4")
+    stock = train(tmp_path / "stock", *ep4, "--training.steps", "4", nproc=4)
+    assert sorted(stock.steps) == [1, 2, 3, 4] and "ep=4" in stock.log, stock.log[-3000:]
+    mega = train(tmp_path / "mega", *ep4, "--training.steps", "4", "--mega_moe.enable", nproc=4)
+    assert "EP 4 (all_to_all)" in (swap_line(mega.log) or ""), mega.log[-3000:]
+    assert_steps_close(mega, stock)
+
+
 PLAIN_TORCHTITAN = """
 import importlib.util, runpy, sys
 # CPU patches only (loaded by path, so titan_megamoe's TorchTitan package is not imported here); on a
