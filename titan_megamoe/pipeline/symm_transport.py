@@ -262,7 +262,9 @@ def send_counted(rows: torch.Tensor, r, index: torch.Tensor):
     """Out to the experts' owners, as `exchange_symmetric`, but returns at once with (the rows as they
     land, in this rank's buffer; (arrived, expected) per local expert, for `gemm1_swiglu(arrivals=...)`;
     `finish`, which waits for every peer and returns the rows copied out of the buffer). Between the two,
-    only reads of the landing rows that first wait on their expert's count are safe."""
+    only reads of the landing rows that first wait on their expert's count are safe, or reads by a later
+    kernel on the stream once every expert's count has been waited for (the weight gradients read dout's
+    landing rows after dgrad, without `finish`)."""
     bufs, landing = _send(rows, r, False, index, count=True)
     _, _, E, per_expert = _counts(r)
     landed = per_expert * column_blocks(math.prod(rows.shape[1:]))
