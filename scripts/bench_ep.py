@@ -41,9 +41,12 @@ and the y-row combine (`ep_dispatch.exchange`). GB/s per rank = off-rank bytes s
 received (ingress) / time; aggregated = mean off-rank bytes per rank / max time over ranks. The backward's
 dout and dx exchanges are the same sizes as x and y.
 
-`--transport symm_mem` runs the same arms and calls with the rows copied into the peers' torch
-symmetric-memory buffers between device barriers (on CPU: shared-memory files and gloo barriers, a test
-stand-in). NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are set here before the
+`--transport symm_mem` runs mega's layer with the symmetric-memory transport (rows written into the
+peers' torch symmetric-memory buffers; GEMM1 and dgrad wait per expert for the landing rows, GEMM2 and
+dx's GEMM store their rows straight into the tokens' ranks; on CPU: shared-memory files and gloo
+barriers, a test stand-in), and its transport calls as standalone exchanges (scatter kernel, flags,
+copy-out; the layer hides part of that behind its GEMMs, which the layer timings show). The ids do not
+travel there (the rows land sorted by expert): their bytes count 0. NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are set here before the
 process group starts when they are unset (NVLink multicast off: on shared hosts a program that uses it
 can take the GPUs out of service); any other value stops the run. With --device cpu the ranks use gloo,
 the timings are host wall clock and mean nothing (the table says so), and backend "triton" runs the
@@ -188,18 +191,20 @@ def off_rank_rows(r, rank):
     return sum(r.send_splits) - r.send_splits[rank], sum(r.recv_splits) - r.recv_splits[rank]
 
 
-def traffic_bytes(r, rank, ep, D, E_local):
+def traffic_bytes(r, rank, ep, D, E_local, transport="all_to_all"):
     """Bytes this rank sends and receives over its links per layer, by transfer, for each arm.
 
     Each transfer is (rows sent, rows received, bytes per row); the combine and the backward's dx go the
-    other way, so their sent/received swap."""
+    other way, so their sent/received swap. Under symm_mem the ids do not travel (the rows land sorted by
+    expert, so the receiver knows each row's expert from the counts): 0 bytes."""
     out_rows, in_rows = off_rank_rows(r, rank)
     row = D * BF16_BYTES
     dispatch = lambda per_row: (out_rows, in_rows, per_row)  # noqa: E731
     back = lambda per_row: (in_rows, out_rows, per_row)  # noqa: E731
     transfers = {
         "mega_fwd": {"split_sizes": (ep - 1, ep - 1, ep * INT64_BYTES), "x": dispatch(row),
-                     "ids": dispatch(INT64_BYTES), "scores": dispatch(FP32_BYTES), "y": back(row)},
+                     "ids": dispatch(INT64_BYTES if transport == "all_to_all" else 0), "scores": dispatch(FP32_BYTES),
+                     "y": back(row)},
         "mega_bwd": {"dout": dispatch(row), "dx": back(row), "dscores": back(FP32_BYTES)},
         "stock_fwd": {"tokens_per_expert": (ep - 1, ep - 1, E_local * INT64_BYTES), "x": dispatch(row),
                       "y": back(row)},
@@ -227,10 +232,14 @@ def transport_calls(ids_TK, x_TD, r, E_local, group, transport):
     ids_send_N = ids_TK.reshape(-1)[r.send_order_N]
     scores_send_N = torch.rand(ids_send_N.shape, device=x_TD.device)
     y_recv_RD = torch.randn(r.num_received, x_TD.shape[1], device=x_TD.device, dtype=x_TD.dtype)
+    # what the layer sends besides x: ids and scores under the all-to-all, the scores alone under symm_mem
+    # (`ep_dispatch.received_ids`)
+    ids_and_scores = (lambda: (ep_dispatch.exchange(ids_send_N, r), ep_dispatch.exchange(scores_send_N, r))) \
+        if transport == "all_to_all" else (lambda: ep_dispatch.exchange(scores_send_N, r))
     return {
         "route": lambda: ep_dispatch.route(ids_TK, E_local, group, transport),
         "dispatch_x": lambda: ep_dispatch.exchange(x_send_ND, r),
-        "dispatch_ids_scores": lambda: (ep_dispatch.exchange(ids_send_N, r), ep_dispatch.exchange(scores_send_N, r)),
+        "dispatch_ids_scores": ids_and_scores,
         "combine_y": lambda: ep_dispatch.exchange(y_recv_RD, r, back=True),
     }
 
@@ -284,7 +293,7 @@ def bench_rank(a, T, routing, mesh, case_name):
     with torch.no_grad():
         ids_TK = stock.router(x_TD, stock.expert_bias)[1]  # the rows both arms move
     r = ep_dispatch.route(ids_TK, E_local, group, a.transport)
-    traffic = traffic_bytes(r, rank, ep, a.D, E_local)
+    traffic = traffic_bytes(r, rank, ep, a.D, E_local, a.transport)
     timed = measurements(a, stock, mega, x, dout, transport_calls(ids_TK, x_TD, r, E_local, group, a.transport))
     samples = bench_layer.interleaved(timed, a.warmup, a.iters, a.rounds)
     return {"rank": rank, "rel_l2_vs_stock": rel, "send_splits": r.send_splits, "recv_splits": r.recv_splits,
