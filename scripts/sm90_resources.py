@@ -38,7 +38,8 @@ def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps:
         usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
                                check=True).stdout
     return dict(wgmma_ir="warp_group_dot" in k.asm["ttgir"], qgmma=sass.count("QGMMA"), hgmma=sass.count("HGMMA"),
-                usage=re.sub(r"\s+", " ", usage[usage.find("REG:"):]).strip(), smem=k.metadata.shared)
+                usage=re.sub(r"\s+", " ", usage[usage.find("REG:"):]).strip(), smem=k.metadata.shared,
+                global_proxy_fences=k.asm["ptx"].count("fence.proxy.async.global"))
 
 
 # ---------------------------------------------------------------- the FP8 row kernels, as the launchers call them

@@ -195,7 +195,7 @@ sig = dict(x_ptr="*bf16", w1_ptr="*bf16", w3_ptr="*bf16", order_ptr="*i32", tile
 const = dict(BLOCK_M=cfg.block_m, SUB_TILES=1, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
              A_TMA=False, W_TMA=False, FP8=False, WAIT=True, INTERPRET=False)
 r = compile_sm90(_gemm1_swiglu_kernel, sig, const, set(sig), cfg.num_warps, cfg.num_stages)
-out["gemm1_wait"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA")
+out["gemm1_wait"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA") + f" fences={r['global_proxy_fences']}"
 from titan_megamoe.kernels.grouped_gemm import _grouped_gemm_kernel
 cfg = tile_config("gemm2", 2048, 768)
 # the shipped GEMM2 config: both operands through TMA, warp-specialised
@@ -223,7 +223,7 @@ for k in ("arrived_ptr", "expected_ptr"):
     const.pop(k)
 r = compile_sm90(_grouped_gemm_kernel, sig, {k: const[k] for k in order if k in const},
                  set(k for k in sig if k.endswith("_ptr")), cfg.num_warps, cfg.num_stages)
-out["dgrad_gemm_wait"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA")
+out["dgrad_gemm_wait"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA") + f" fences={r['global_proxy_fences']}"
 print(json.dumps(out))
 """
 
@@ -231,10 +231,13 @@ print(json.dumps(out))
 def test_transport_kernels_compile_for_sm90():
     """Integer-to-pointer casts of peer addresses, system-scope release/acquire atomics and the spin loops
     (the flags' wait, GEMM1's and dgrad's GEMM's wait for their expert's rows, which must still lower to
-    wgmma) and GEMM2's stores to peer rows compile for sm_90 (Triton's bundled ptxas, no GPU needed)."""
+    wgmma and end in one async-proxy fence) and GEMM2's stores to peer rows compile for sm_90 (Triton's
+    bundled ptxas, no GPU needed)."""
     usage = sm90_compile_results(_SM90, timeout=300)
     assert set(usage) == {"scatter*bf16", "scatter*fp32", "scatter*i64", "signal", "wait", "gemm1_wait",
                           "gemm2_peer", "dgrad_gemm_wait"}
     for name in ("gemm1_wait", "gemm2_peer", "dgrad_gemm_wait"):
-        assert usage[name].endswith(" wgmma"), (name, usage[name])
+        assert " wgmma" in usage[name], (name, usage[name])
+    for name in ("gemm1_wait", "dgrad_gemm_wait"):  # the rows' acquire ordered before TMA (async-proxy) reads
+        assert usage[name].endswith(" fences=1"), (name, usage[name])
     assert all(u.startswith("REG:") for u in usage.values()), usage

@@ -94,7 +94,7 @@ def _dgrad_swiglu_kernel(
     if expert < 0:
         return
     if WAIT:  # expert parallelism, symmetric memory: this expert's dout rows may still be landing
-        wait_for_expert_rows(arrived_ptr, expected_ptr, expert)
+        wait_for_expert_rows(arrived_ptr, expected_ptr, expert, INTERPRET)
     routed = tl.load(order_ptr + rows, mask=row_ok, other=0)
     src = routed // rows_per_token
     offs_n0 = pid_n * 2 * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -86,7 +86,7 @@ def _gemm1_swiglu_kernel(
     if expert < 0:
         return
     if WAIT:  # expert parallelism, symmetric memory: this expert's rows may still be landing
-        wait_for_expert_rows(arrived_ptr, expected_ptr, expert)
+        wait_for_expert_rows(arrived_ptr, expected_ptr, expert, INTERPRET)
     if A_TMA:  # x already in sorted order (FP8: quantize_sorted_rows), read as contiguous rows
         src = rows
     else:

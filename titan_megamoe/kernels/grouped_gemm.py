@@ -62,7 +62,7 @@ def _grouped_gemm_kernel(
     if expert < 0:
         return
     if WAIT:  # expert parallelism, symmetric memory: this expert's A rows (dgrad's dout) may still be landing
-        wait_for_expert_rows(arrived_ptr, expected_ptr, expert)
+        wait_for_expert_rows(arrived_ptr, expected_ptr, expert, INTERPRET)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < ND
     offs_k = tl.arange(0, BLOCK_K)

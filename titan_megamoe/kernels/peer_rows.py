@@ -71,17 +71,22 @@ def store_rows_to_peers(base_ptr, val, rows, row_ok, offs_n, n_ok, dst_offset_pt
 
 
 @triton.jit
-def wait_for_expert_rows(arrived_ptr, expected_ptr, expert):
+def wait_for_expert_rows(arrived_ptr, expected_ptr, expert, INTERPRET: tl.constexpr):
     """A GEMM program's wait, under expert parallelism with symmetric memory, until its expert's rows
     have landed from the peers (`scatter_rows` with counts): the programs of experts whose rows are in
     start while the rest are on their way. The peers' writes come from other GPUs (and this rank's own
     from a launch before this one), so a waiting program holds up nothing that it waits for, whatever
     the grid. Counts wrap around 2**32: compared by their int32 difference; acquire at system scope, so
-    the rows counted are visible once the count is."""
+    the rows counted are visible once the count is: to this thread's ordinary loads, and, after the
+    proxy fence, to the TMA loads (the async proxy) that some GEMMs read the rows with (dgrad's GEMM on
+    the split configs). Not compiled: the interpreter has no PTX."""
     want = tl.load(expected_ptr + expert)
     seen = tl.atomic_add(arrived_ptr + expert, 0, sem="acquire", scope="sys")
     while want - seen > 0:
         seen = tl.atomic_add(arrived_ptr + expert, 0, sem="acquire", scope="sys")
+    if not INTERPRET:
+        tl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
