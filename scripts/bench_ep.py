@@ -87,6 +87,9 @@ def parse_args(argv=None):
     ap.add_argument("--tokens-per-rank", nargs="+", type=int, default=[8192])
     ap.add_argument("--routing", nargs="+", choices=["softmax", "skewed"], default=["softmax"])
     ap.add_argument("--transport", choices=TRANSPORTS, default="all_to_all")
+    ap.add_argument("--capacity-factor", type=float, default=None,
+                    help="with --transport symm_mem: the mega layer runs without the host sync, buffers for this "
+                         "factor x the rows a rank routes (`ep_capacity_factor`); the transport calls stay exact")
     ap.add_argument("--backend", choices=["triton", "reference"], default="triton", help="the mega arm's")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--warmup", type=int, default=5)
@@ -97,6 +100,8 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     if a.rounds < 1 or a.iters < 1:
         ap.error(f"--rounds and --iters must be at least 1, got {a.rounds} and {a.iters}")
+    if a.capacity_factor is not None and (a.transport != "symm_mem" or a.capacity_factor < 1):
+        ap.error("--capacity-factor needs --transport symm_mem and a value >= 1")
     if a.transport == "symm_mem" and a.backend == "reference":
         ap.error("--transport symm_mem runs the Triton backend (the reference backend moves rows by all-to-all); "
                  "use --backend triton")
@@ -157,6 +162,7 @@ def build_ep_arms(a, T, routing, mesh):
     parallelize_module(stock.experts, mesh, ExpertParallel())
     parallelize_module(mega.experts, mesh, MegaAwareExpertParallel())
     mega.experts.ep_transport = a.transport
+    mega.experts.ep_capacity_factor = a.capacity_factor
     return stock, mega
 
 
@@ -223,8 +229,10 @@ def traffic_bytes(r, rank, ep, D, E_local, transport="all_to_all"):
             **totals}
 
 
-def transport_calls(ids_TK, x_TD, r, E_local, group, transport):
-    """The mega transport's calls on this case's routing, each alone, with their rows prepared outside."""
+def transport_calls(ids_TK, x_TD, r, E_local, group, transport, capacity_factor=None):
+    """The mega transport's calls on this case's routing, each alone, with their rows prepared outside
+    (`route` as the layer runs it: without the host sync under a capacity factor; the exchanges on the
+    exact route)."""
     from titan_megamoe.pipeline import ep_dispatch
 
     K = ids_TK.shape[1]
@@ -233,11 +241,11 @@ def transport_calls(ids_TK, x_TD, r, E_local, group, transport):
     scores_send_N = torch.rand(ids_send_N.shape, device=x_TD.device)
     y_recv_RD = torch.randn(r.num_received, x_TD.shape[1], device=x_TD.device, dtype=x_TD.dtype)
     # what the layer sends besides x: ids and scores under the all-to-all, the scores alone under symm_mem
-    # (`ep_dispatch.received_ids`)
+    # (`ep_dispatch.received_plan`)
     ids_and_scores = (lambda: (ep_dispatch.exchange(ids_send_N, r), ep_dispatch.exchange(scores_send_N, r))) \
         if transport == "all_to_all" else (lambda: ep_dispatch.exchange(scores_send_N, r))
     return {
-        "route": lambda: ep_dispatch.route(ids_TK, E_local, group, transport),
+        "route": lambda: ep_dispatch.route(ids_TK, E_local, group, transport, capacity_factor),
         "dispatch_x": lambda: ep_dispatch.exchange(x_send_ND, r),
         "dispatch_ids_scores": ids_and_scores,
         "combine_y": lambda: ep_dispatch.exchange(y_recv_RD, r, back=True),
@@ -294,7 +302,8 @@ def bench_rank(a, T, routing, mesh, case_name):
         ids_TK = stock.router(x_TD, stock.expert_bias)[1]  # the rows both arms move
     r = ep_dispatch.route(ids_TK, E_local, group, a.transport)
     traffic = traffic_bytes(r, rank, ep, a.D, E_local, a.transport)
-    timed = measurements(a, stock, mega, x, dout, transport_calls(ids_TK, x_TD, r, E_local, group, a.transport))
+    timed = measurements(a, stock, mega, x, dout, transport_calls(ids_TK, x_TD, r, E_local, group, a.transport,
+                                                                         a.capacity_factor))
     samples = bench_layer.interleaved(timed, a.warmup, a.iters, a.rounds)
     return {"rank": rank, "rel_l2_vs_stock": rel, "send_splits": r.send_splits, "recv_splits": r.recv_splits,
             "traffic_bytes": traffic,
@@ -307,7 +316,8 @@ def aggregate(a, T, routing, ep, case_name, ranks):
     from titan_megamoe.flops import moe_flops
 
     res = {"case": case_name, "tokens_per_rank": T, "D": a.D, "H": a.H, "E": a.E, "K": a.K, "routing": routing,
-           "ep": ep, "transport": a.transport, "mega_backend": a.backend, "rounds": a.rounds, "ranks": ranks}
+           "ep": ep, "transport": a.transport, "capacity_factor": a.capacity_factor, "mega_backend": a.backend,
+           "rounds": a.rounds, "ranks": ranks}
     flops = {"fwd": moe_flops(T, a.K, a.D, a.H, backward=False), "fwdbwd": moe_flops(T, a.K, a.D, a.H)}
     for arm in ("stock", "mega"):
         for kind, fl in flops.items():

@@ -50,18 +50,34 @@ def main():
         case = make_case(T, 2048, 768, 16, 4, "random", device="cuda", dtype=torch.bfloat16, seed=T)
         dout = torch.randn(T, 2048, device="cuda", dtype=torch.bfloat16)
         whole = forward_backward(lambda *t: titan_megamoe.moe(*t, backend="triton"), case, dout)
-        for transport in ("symm_mem", "all_to_all"):
-            ep = forward_backward(lambda *t: FusedMoEExpertParallel.apply(*t, recipe, dist.group.WORLD, transport),
-                                  case, dout)
-            results.append({"T": T, "transport": transport,
+        # symm_mem with exact sizes, symm_mem without the host sync (capacity 1.5: a third of the rows
+        # padding), all_to_all
+        for transport, cf in (("symm_mem", None), ("symm_mem", 1.5), ("all_to_all", None)):
+            ep = forward_backward(
+                lambda *t: FusedMoEExpertParallel.apply(*t, recipe, dist.group.WORLD, transport, cf), case, dout)
+            results.append({"T": T, "transport": transport, "capacity_factor": cf,
                             "bitwise": {k: bool(torch.equal(whole[k], ep[k])) for k in whole}})
             print(results[-1], flush=True)
+    # the capacity path claims no host sync: run it once more (buffers already big enough) with torch's
+    # sync debug mode raising on any synchronising CUDA call, and record what it says
+    op = lambda *t: FusedMoEExpertParallel.apply(*t, recipe, dist.group.WORLD, "symm_mem", 1.5)  # noqa: E731
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        forward_backward(op, case, dout)
+        host_syncs = "none raised"
+    except RuntimeError as e:
+        host_syncs = f"raised: {str(e)[:400]}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    print(f"capacity path under sync debug mode 'error': {host_syncs}", flush=True)
     buffers = {f"{k[0]}/{k[1]}": v.nbytes for k, v in symm_transport._BUFFERS.items()}
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from bench_layer import environment, result_path
 
     with open(result_path(a.out, "symm_mem_one_gpu"), "w") as f:
-        json.dump({"environment": environment(), "buffer_bytes": buffers, "results": results}, f, indent=1)
+        json.dump({"environment": environment(), "buffer_bytes": buffers, "results": results,
+                   "capacity_path_host_syncs": host_syncs}, f, indent=1)
     dist.destroy_process_group()
     if not all(all(r["bitwise"].values()) for r in results):
         raise SystemExit("symm_mem_one_gpu.py: a result differs from the single-process op")

@@ -28,12 +28,41 @@ def ids_for(routing: str, ids: torch.Tensor, E: int, ep: int) -> torch.Tensor:
     return ids
 
 
+def check_capacity_errors(op, mine, dout, el: int, rank: int, got: dict) -> None:
+    """With a capacity factor, the two device-side checks stop the call (on every rank, before any row
+    moves): a rank that would receive more rows than the factor allows, and ranks routing different
+    numbers of rows. Afterwards the buffers still serve a good call."""
+    import copy
+
+    hot = copy.copy(mine)
+    hot.ids = mine.ids % el  # every row to rank 0's experts: EP x the rows a rank routes
+    try:
+        op(*hot.inputs(), cf=1.0)
+        raise AssertionError(f"rank {rank}: a capacity overflow was not caught")
+    except RuntimeError as e:
+        assert "would receive more routed rows than ep_capacity_factor=1.0 allows" in str(e), str(e)
+    short = copy.copy(mine)
+    if rank == 0:
+        short.x, short.ids, short.scores = mine.x[1:], mine.ids[1:], mine.scores[1:]
+    try:
+        op(*short.inputs())
+        raise AssertionError(f"rank {rank}: unequal rows per rank were not caught")
+    except RuntimeError as e:
+        assert "must route the same number of rows" in str(e), str(e)
+    again = forward_backward(op, mine, dout)
+    for name, g in got.items():
+        assert torch.equal(again[name], g), f"rank {rank} {name}: the call after the errors differs"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", choices=["reference", "triton"])
     ap.add_argument("--shape", nargs=5, type=int, metavar=("T", "D", "H", "E", "K"))
     ap.add_argument("--routing", default="random")
     ap.add_argument("--transport", default="all_to_all", choices=["all_to_all", "symm_mem"])
+    ap.add_argument("--capacity-factor", type=float, default=None,
+                    help="symm_mem without the host sync; then also checks the errors of a too small factor "
+                         "and of ranks routing different numbers of rows")
     a = ap.parse_args()
     rank, ep = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     cuda = torch.cuda.is_available() and a.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1"
@@ -61,7 +90,8 @@ def main():
     mine.x, mine.ids, mine.scores = case.x[tok], case.ids[tok], case.scores[tok]
     mine.w1, mine.w2, mine.w3 = case.w1[exp], case.w2[exp], case.w3[exp]
     group = dist.group.WORLD
-    op = lambda *t: titan_megamoe.moe(*t, backend=a.backend, ep_group=group, ep_transport=a.transport)  # noqa: E731
+    op = lambda *t, cf=a.capacity_factor: titan_megamoe.moe(  # noqa: E731
+        *t, backend=a.backend, ep_group=group, ep_transport=a.transport, ep_capacity_factor=cf)
     got = forward_backward(op, mine, dout[tok])
     if a.transport == "symm_mem":
         # a second call reuses the buffers (epochs and counters go on from the first): the same result
@@ -78,6 +108,8 @@ def main():
             assert torch.equal(g, ref), f"rank {rank} {name}: max diff {(g.float() - ref.float()).abs().max():.3e}"
         else:
             torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
+    if a.capacity_factor is not None:
+        check_capacity_errors(op, mine, dout[tok], el, rank, got)
     received = sum(int(n) for n in torch.bincount(case.ids.reshape(-1) // el, minlength=ep)[rank:rank + 1])
     print(f"rank {rank} ok: {tok.stop - tok.start} tokens, {received} rows received", flush=True)
     dist.destroy_process_group()

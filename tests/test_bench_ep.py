@@ -32,7 +32,9 @@ def cpu_run(tmp_path_factory):
     if torch.cuda.is_available():
         pytest.skip("on a GPU host the benchmark runs on the GPUs (torchrun scripts/bench_ep.py)")
     out = tmp_path_factory.mktemp("bench_ep")
-    p = run_two_ranks(*TINY, "--routing", "skewed", "--transport", "symm_mem", "--out", str(out))
+    # the mega layer without the host sync (2 x the rows a rank routes holds any routing at EP 2)
+    p = run_two_ranks(*TINY, "--routing", "skewed", "--transport", "symm_mem", "--capacity-factor", "2",
+                      "--out", str(out))
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     (path,) = out.glob("bench_ep_*.json")
     return p.stdout, json.loads(path.read_text())
@@ -44,6 +46,7 @@ def test_both_arms_timed_and_the_table_says_cpu_timings_mean_nothing(cpu_run):
     assert env["world_size"] == 2 and env["transport"] == "symm_mem" and env["commit"]
     assert env["multicast_env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     assert (r["D"], r["H"], r["E"], r["K"], r["tokens_per_rank"], r["routing"]) == (32, 32, 4, 2, 16, "skewed")
+    assert r["capacity_factor"] == 2.0
     for arm in ("stock", "mega"):
         for kind in ("fwd", "fwdbwd"):
             assert r[f"{arm}_{kind}_ms"] > 0 and len(r[f"{arm}_{kind}_ms_per_rank"]) == 2

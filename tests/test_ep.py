@@ -77,6 +77,18 @@ def test_symmetric_memory_transport_matches_single_process(ep, shape, routing):
         assert "0 rows received" in outs[1]
 
 
+@pytest.mark.parametrize("ep,shape,routing", [
+    (4, (32, 32, 32, 8, 2), "random"),
+    (2, (16, 32, 32, 4, 2), "rank0_only"),  # rank 0 receives exactly its capacity (2 x its rows), rank 1 none
+])
+def test_symmetric_memory_with_capacity_matches_single_process(ep, shape, routing):
+    """symm_mem with ep_capacity_factor (no host sync; buffers from the bound, rows past the count
+    padding): bitwise the single-process op; a too small factor and ranks routing different numbers of
+    rows stop the call with their errors on every rank, and the buffers serve the next call."""
+    _run_ranks(ep, "--backend", "triton", "--shape", *map(str, shape), "--routing", routing,
+               "--transport", "symm_mem", "--capacity-factor", "2.0")
+
+
 def test_ep_transport_errors_name_the_choices():
     import titan_megamoe
     from moe_cases import make_case
@@ -86,3 +98,8 @@ def test_ep_transport_errors_name_the_choices():
         titan_megamoe.moe(*case.inputs(), backend="reference", ep_transport="nccl")
     with pytest.raises(ValueError, match="ep_transport='symm_mem' runs the Triton backend.*'all_to_all'"):
         titan_megamoe.moe(*case.inputs(), backend="reference", ep_group=object(), ep_transport="symm_mem")
+    for bad in (0.5, "2", True, float("nan")):
+        with pytest.raises(ValueError, match="ep_capacity_factor must be None .* or a number >= 1"):
+            titan_megamoe.moe(*case.inputs(), backend="reference", ep_transport="symm_mem", ep_capacity_factor=bad)
+    with pytest.raises(ValueError, match="ep_capacity_factor applies to ep_transport='symm_mem'"):
+        titan_megamoe.moe(*case.inputs(), backend="reference", ep_capacity_factor=2.0)

@@ -14,7 +14,8 @@ from titan_megamoe.integrations.torchtitan.failure import first_error
 from torchtitan.config import ConfigManager
 
 HEADER = '[job]\ncustom_config_module = "titan_megamoe.integrations.torchtitan.config"\n[mega_moe]\n'
-VALID_KEYS = "enable, precision, backend, fused_router, save_under_sac, ep_transport, tile_table"
+VALID_KEYS = ("enable, precision, backend, fused_router, save_under_sac, ep_transport, ep_capacity_factor, "
+              "tile_table")
 
 BAD_TABLES = [  # (TOML lines under [mega_moe], words the error must contain)
     ('enable = "false"', ["enable", "bool", "'false'", "enable = false"]),  # a truthy string: was ON
@@ -28,6 +29,8 @@ BAD_TABLES = [  # (TOML lines under [mega_moe], words the error must contain)
     ('precison = "bf16"', ["unknown key 'precison'", "did you mean 'precision'", VALID_KEYS]),
     ("turbo = true", ["unknown key 'turbo'", VALID_KEYS]),
     ("tile_table = 3", ["tile_table", "file path string", "int 3"]),
+    ("ep_capacity_factor = 0.5", ["ep_capacity_factor", "0 or a number >= 1", "float 0.5"]),
+    ('ep_capacity_factor = "2"', ["ep_capacity_factor", "str '2'"]),
 ]
 
 

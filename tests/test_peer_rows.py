@@ -177,9 +177,11 @@ from titan_megamoe.kernels import peer_rows as p
 out = {}
 for dt in ("*bf16", "*fp32", "*i64"):
     sig = dict(src_ptr=dt, index_ptr="*i64", dst_rank_ptr="*i32", dst_row_ptr="*i64", row_addrs_ptr="*i64",
-               dst_expert_ptr="*i32", counter_addrs_ptr="*i64", n="i32", C="i32", stride_src="i32")
+               dst_expert_ptr="*i32", counter_addrs_ptr="*i64", n_valid_ptr="*i32", n="i32", C="i32",
+               stride_src="i32")
     out["scatter" + dt] = compile_sm90(p._scatter_rows_kernel, sig,
-                                       dict(HAS_INDEX=True, COUNT=True, BLOCK_R=8, BLOCK_C=1024),
+                                       dict(HAS_INDEX=True, COUNT=True, VALID_ON_DEVICE=True, BLOCK_R=8,
+                                            BLOCK_C=1024),
                                        {k for k in sig if k.endswith("_ptr")}, 4, 1)["usage"]
 out["signal"] = compile_sm90(p._signal_kernel, dict(flag_addrs_ptr="*i64", me="i32", epoch="i32", world="i32"),
                              dict(BLOCK=8), {"flag_addrs_ptr"}, 4, 1)["usage"]

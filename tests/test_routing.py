@@ -110,6 +110,32 @@ def test_plan_for_local_experts_of_a_rank(source):
     assert int(build_routing_plan(bad, local, 16, first_expert=first).ids_ok) == 0
 
 
+@pytest.mark.parametrize("valid,bound", [(37, 60), (0, 8), (50, 50), (3, 300)])
+def test_plan_of_the_valid_rows_of_a_padded_buffer(valid, bound):
+    """EP with a capacity: `bound` received rows of which the first `valid` (a count on the device) are
+    real: the plan is that of the valid rows (offsets, tiles), the tiles past theirs -1, padding rows map to
+    themselves in order and inv, and the padding's ids (whatever they are) flag nothing."""
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    gen = torch.Generator().manual_seed(valid)
+    first, local = 10, 5
+    ids = torch.sort(first + torch.randint(0, local, (valid,), generator=gen)).values
+    padded = torch.cat([ids, torch.full((bound - valid,), first + local)])  # one past this rank's experts
+    ref = build_routing_plan(ids.to(DEVICE), local, 16, first_expert=first)
+    plan = build_routing_plan(padded.to(DEVICE), local, 16, first_expert=first,
+                              num_valid=torch.tensor([valid], dtype=torch.int32, device=DEVICE))
+    assert plan.num_rows == bound
+    assert torch.equal(plan.order_N[:valid], ref.order_N) and torch.equal(plan.inv_N[:valid], ref.inv_N)
+    pad = torch.arange(valid, bound, dtype=torch.int32, device=DEVICE)
+    assert torch.equal(plan.order_N[valid:], pad) and torch.equal(plan.inv_N[valid:], pad)
+    assert torch.equal(plan.offsets_E1, ref.offsets_E1) and int(plan.offsets_E1[-1]) == valid
+    n = ref.layout.num_tiles
+    assert torch.equal(plan.tile_expert[:n], ref.tile_expert) and bool((plan.tile_expert[n:] == -1).all())
+    real = ref.tile_expert >= 0
+    assert torch.equal(plan.tile_row[:n][real], ref.tile_row[real])
+    assert int(plan.ids_ok) == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("T,E,K,D,source", [(1, 4, 1, 8, "gather"), (37, 5, 3, 40, "gather"),
                                             (300, 16, 8, 72, "gather"), (90, 6, 1, 24, "contiguous"),

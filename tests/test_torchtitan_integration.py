@@ -336,6 +336,8 @@ def test_save_under_sac_edits_qwen3_save_list():
     ([], dims(tp=2), ["tensor parallelism", "tensor_parallel_degree=1"]),
     (["--mega_moe.ep_transport", "symm_mem", "--mega_moe.backend", "reference"], dims(ep=2),
      ["symm_mem", "Triton backend", "all_to_all"]),
+    (["--mega_moe.ep_capacity_factor", "2"], dims(ep=2),
+     ["ep_capacity_factor=2.0", "ep_transport='symm_mem'", "--mega_moe.ep_capacity_factor 0"]),
     (["--mega_moe.precision", "fp8", "--mega_moe.backend", "reference"], dims(ep=2),
      ["'fp8'", "expert parallelism", "--mega_moe.precision bf16"]),
     (["--model.converters", "quantize.grouped_mm.float8"], None, ["quantize.grouped_mm.float8", "--mega_moe.precision"]),

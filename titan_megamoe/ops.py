@@ -196,6 +196,7 @@ def moe(
     backend: str = "auto",
     ep_group=None,
     ep_transport: str = "all_to_all",
+    ep_capacity_factor: float | None = None,
 ) -> torch.Tensor:
     """Routed SwiGLU experts with score-weighted combine: out_t = sum_k s_tk * FFN_{e_tk}(x_t).
 
@@ -216,11 +217,16 @@ def moe(
         ep_transport: with ep_group, "all_to_all" (torch.distributed all-to-all) or "symm_mem" (rows
             written into the peers' torch symmetric-memory buffers, `pipeline.symm_transport`; Triton
             backend). Both give the same result.
+        ep_capacity_factor: with ep_transport="symm_mem": None (the default) sizes every buffer from the
+            expert counts read on the host (one host sync per layer, as stock TorchTitan's EP); a float
+            >= 1 reads nothing on the host: each rank's receive buffers hold factor x (T*K) rows, and a
+            device-side check stops the step (nothing dropped, nothing written) when a rank would receive
+            more, or when the ranks route different numbers of rows. Same result either way.
 
     Differentiable in x, the three weights and the scores. Returns [T, D] in x's dtype.
     """
     validate_moe_inputs(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD)
-    check_ep_transport(ep_transport)
+    check_ep_transport(ep_transport, ep_capacity_factor)
     recipe = recipe_for(precision, x_TD.device)
     resolved = resolve_backend(backend, x_TD.device)
     check_backend_precision(recipe, resolved)
@@ -230,7 +236,7 @@ def moe(
                          f"backend (the oracle) moves rows by all-to-all: use ep_transport='all_to_all'")
     if ep_group is not None and torch.distributed.get_world_size(ep_group) > 1:
         return _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, resolved,
-                                    ep_group, ep_transport)
+                                    ep_group, ep_transport, ep_capacity_factor)
     if resolved == "reference":
         check_expert_ids(topk_ids_TK, w1_EFD.shape[0])
         if recipe.quantized() or recipe.quantized(backward=True):
@@ -245,7 +251,7 @@ def moe(
 
 
 def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, backend, group,
-                         transport):
+                         transport, capacity_factor):
     from .pipeline.ep_dispatch import FusedMoEExpertParallel, moe_reference_ep
 
     check_expert_parallel(recipe, group)
@@ -254,4 +260,4 @@ def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_E
         return moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe.forward_operand,
                                 group)
     return FusedMoEExpertParallel.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, group,
-                                        transport)
+                                        transport, capacity_factor)

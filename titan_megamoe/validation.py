@@ -208,10 +208,19 @@ def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
 EP_TRANSPORTS = ("all_to_all", "symm_mem")
 
 
-def check_ep_transport(transport) -> None:
+def check_ep_transport(transport, capacity_factor=None) -> None:
     if transport not in EP_TRANSPORTS:
         raise ValueError(f"titan_megamoe.moe: ep_transport must be one of {', '.join(EP_TRANSPORTS)}, got "
                          f"{transport!r}")
+    if capacity_factor is None:
+        return
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) or not capacity_factor >= 1:
+        raise ValueError(f"titan_megamoe.moe: ep_capacity_factor must be None (exact sizes) or a number >= 1 (rows "
+                         f"a rank may receive, in units of the rows it routes), got {capacity_factor!r}")
+    if transport != "symm_mem":
+        raise ValueError(f"titan_megamoe.moe: ep_capacity_factor applies to ep_transport='symm_mem' (the all-to-all "
+                         f"needs its split sizes on the host), got ep_transport={transport!r}; drop "
+                         f"ep_capacity_factor or use ep_transport='symm_mem'")
 
 
 def check_expert_parallel(recipe, group) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 
 from . import config as cfg
 
-MEGA_MOE_KEYS = ("enable", "precision", "backend", "fused_router", "save_under_sac", "ep_transport")
+MEGA_MOE_KEYS = ("enable", "precision", "backend", "fused_router", "save_under_sac", "ep_transport",
+                 "ep_capacity_factor")
 IGNORED = ("job.dump_folder",)  # differs by construction: each arm writes its own folder
 STOCK_EXPERTS = "stock GroupedExperts"
 

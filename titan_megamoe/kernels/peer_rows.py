@@ -32,10 +32,13 @@ from .launch import launch
 
 @triton.jit
 def _scatter_rows_kernel(src_ptr, index_ptr, dst_rank_ptr, dst_row_ptr, row_addrs_ptr, dst_expert_ptr,
-                         counter_addrs_ptr, n, C, stride_src,
-                         HAS_INDEX: tl.constexpr, COUNT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                         counter_addrs_ptr, n_valid_ptr, n, C, stride_src,
+                         HAS_INDEX: tl.constexpr, COUNT: tl.constexpr, VALID_ON_DEVICE: tl.constexpr,
+                         BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n
+    if VALID_ON_DEVICE:  # a buffer sized from a bound: the rows past the count on the device are padding
+        row_ok = row_ok & (rows < tl.load(n_valid_ptr))
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = row_ok[:, None] & (cols < C)[None, :]
     if HAS_INDEX:
@@ -113,14 +116,17 @@ def column_blocks(C: int) -> int:
 
 
 def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor, row_addresses: torch.Tensor,
-                 index: torch.Tensor | None = None, counts=None) -> None:
+                 index: torch.Tensor | None = None, counts=None, num_valid: torch.Tensor | None = None) -> None:
     """Row i (rows[index[i]] with `index`, else rows[i]; rows 2-D [*, C]) to row dst_row[i] of rank
     dst_rank[i]'s row area, whose address in this process is row_addresses[dst_rank[i]] (int64 on the
     device; a peer's mapped buffer or this rank's own). One launch for every destination.
 
     counts = (counter_addresses, dst_expert): after writing its part of row i, each program adds 1 to
     int32 counter dst_expert[i] of rank dst_rank[i] (at counter_addresses[rank]), so a counter reaches
-    rows x `column_blocks(C)` once all of an expert's rows have landed."""
+    rows x `column_blocks(C)` once all of an expert's rows have landed.
+
+    num_valid (int32 [1] on the device): only rows i < num_valid are sent, the rest are padding (received
+    rows in a buffer sized from a bound, sent back)."""
     n = dst_rank.numel()
     C = rows.shape[1]
     if n == 0 or C == 0:
@@ -132,8 +138,9 @@ def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tens
     launch(
         _scatter_rows_kernel, (triton.cdiv(n, block_r), triton.cdiv(C, block_c)),
         rows, index if index is not None else dst_rank, dst_rank, dst_row, row_addresses, dst_expert,
-        counter_addresses, n, C, rows.stride(0),
-        HAS_INDEX=index is not None, COUNT=counts is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
+        counter_addresses, num_valid if num_valid is not None else dst_rank, n, C, rows.stride(0),
+        HAS_INDEX=index is not None, COUNT=counts is not None, VALID_ON_DEVICE=num_valid is not None,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4,
     )
 
 

@@ -31,29 +31,43 @@ from .launch import launch
 
 
 @triton.jit
-def _expert_bins(ids_ptr, chunk, n, first_expert, E, CH: tl.constexpr):
-    """The bins of one chunk's rows: a row's local expert, E for an id of no local expert, E+1 past N."""
+def _valid_rows(n, n_valid_ptr, VALID_ON_DEVICE: tl.constexpr):
+    """The rows that hold routed rows: all n, or (VALID_ON_DEVICE) the first *n_valid_ptr of a buffer
+    sized from a bound, the rest padding."""
+    if VALID_ON_DEVICE:
+        return tl.load(n_valid_ptr)
+    else:
+        return n
+
+
+@triton.jit
+def _expert_bins(ids_ptr, chunk, n_valid, first_expert, E, CH: tl.constexpr):
+    """The bins of one chunk's rows: a row's local expert, E for an id of no local expert, E+1 past the
+    valid rows (past N, or padding)."""
     rows = chunk * CH + tl.arange(0, CH)
-    ok = rows < n
+    ok = rows < n_valid
     local = tl.load(ids_ptr + rows, mask=ok, other=0) - first_expert
     bins = tl.where((local >= 0) & (local < E), local, E).to(tl.int32)
     return tl.where(ok, bins, E + 1)
 
 
 @triton.jit
-def _chunk_histogram_kernel(ids_ptr, hist_ptr, n, first_expert, E, CH: tl.constexpr, BLOCK_E: tl.constexpr):
+def _chunk_histogram_kernel(ids_ptr, n_valid_ptr, hist_ptr, n, first_expert, E, CH: tl.constexpr,
+                            BLOCK_E: tl.constexpr, VALID_ON_DEVICE: tl.constexpr):
     chunk = tl.program_id(0)
-    bins = _expert_bins(ids_ptr, chunk, n, first_expert, E, CH)
+    bins = _expert_bins(ids_ptr, chunk, _valid_rows(n, n_valid_ptr, VALID_ON_DEVICE), first_expert, E, CH)
     tl.store(hist_ptr + chunk * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(bins, BLOCK_E))
 
 
 @triton.jit
 def _place_rows_kernel(
-    ids_ptr, hist_ptr, base_ptr, packed_ptr,
+    ids_ptr, n_valid_ptr, hist_ptr, base_ptr, packed_ptr,
     n, first_expert, E, n_chunks, n_tiles,
     BLOCK_M: tl.constexpr, CH: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr,
+    VALID_ON_DEVICE: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    n_valid = _valid_rows(n, n_valid_ptr, VALID_ON_DEVICE)
     inv_ptr = packed_ptr + n
     offsets_ptr = packed_ptr + 2 * n
     tile_expert_ptr = offsets_ptr + E + 1
@@ -71,7 +85,7 @@ def _place_rows_kernel(
     count = tl.where(e < E, total, 0)
     start_E = tl.cumsum(count, 0) - count  # offsets[e]: the first sorted row of expert e
     if pid < n_chunks:
-        bins = _expert_bins(ids_ptr, pid, n, first_expert, E, CH)
+        bins = _expert_bins(ids_ptr, pid, n_valid, first_expert, E, CH)
         lane = tl.arange(0, CH)
         # sorted by (expert, lane): an expert's rows of this chunk in row order, experts in order
         key = tl.sort(bins * CH + lane)
@@ -85,10 +99,17 @@ def _place_rows_kernel(
         row = pid * CH + key % CH
         tl.store(packed_ptr + pos, row, mask=placed)
         tl.store(inv_ptr + row, pos, mask=placed)
+        if VALID_ON_DEVICE:
+            # padding rows keep their place (order, inv: the identity), so a gather by the plan's order
+            # stays in bounds; no valid row is placed there (they fill positions < n_valid)
+            pad = pid * CH + lane
+            pad_ok = (pad >= n_valid) & (pad < n)
+            tl.store(packed_ptr + pad, pad, mask=pad_ok)
+            tl.store(inv_ptr + pad, pad, mask=pad_ok)
     else:
         tp = pid - n_chunks
         if tp == 0:
-            tl.store(offsets_ptr + e, tl.where(e < E, start_E, n), mask=e <= E)
+            tl.store(offsets_ptr + e, tl.where(e < E, start_E, n_valid), mask=e <= E)
             # every row's id a local expert: bin E is empty (offsets[E] == N then)
             tl.store(ok_ptr, (tl.sum(tl.where(e == E, total, 0)) == 0).to(tl.int32))
         tiles_E = (count + BLOCK_M - 1) // BLOCK_M
@@ -116,10 +137,17 @@ def _chunk_rows(n: int) -> int:
     return min(4096, max(256, triton.next_power_of_2(triton.cdiv(n, 128))))
 
 
-def build_routing_plan(expert_ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int = 0) -> RoutingPlan:
+def build_routing_plan(expert_ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int = 0,
+                       num_valid: torch.Tensor | None = None) -> RoutingPlan:
     """The plan of rows routed to local experts [first_expert, first_expert + num_experts), with no host
     synchronisation: `expert_ids` is [T, K] (rows gathered from local tokens, K per token) or [N]
-    (contiguous rows, one each), any integer dtype. Sizes follow from (N, E, block_m)."""
+    (contiguous rows, one each), any integer dtype. Sizes follow from (N, E, block_m).
+
+    num_valid (int32 [1] on the device; contiguous rows only): only the first num_valid rows are routed
+    rows, the rest padding of a buffer sized from a bound the host knows (EP with a capacity): the plan
+    is that of the valid rows (offsets[E] == num_valid, the tiles past theirs -1), and padding rows map
+    to themselves in order and inv."""
+    assert num_valid is None or expert_ids.dim() == 1, "num_valid applies to contiguous rows"
     rows_per_token = expert_ids.shape[1] if expert_ids.dim() == 2 else 1
     ids_N = expert_ids.reshape(-1)
     n = ids_N.numel()
@@ -133,12 +161,13 @@ def build_routing_plan(expert_ids: torch.Tensor, num_experts: int, block_m: int,
     scratch = torch.empty(2 * n_chunks * block_e, dtype=torch.int32, device=ids_N.device)  # histograms, bases
     hist, base = scratch[: n_chunks * block_e], scratch[n_chunks * block_e:]
     warps = 8 if ch >= 2048 else 4
+    valid = num_valid if num_valid is not None else packed  # unused without VALID_ON_DEVICE
     if n_chunks:
-        launch(_chunk_histogram_kernel, (n_chunks,), ids_N, hist, n, first_expert, num_experts, CH=ch,
-               BLOCK_E=block_e, num_warps=warps)
+        launch(_chunk_histogram_kernel, (n_chunks,), ids_N, valid, hist, n, first_expert, num_experts, CH=ch,
+               BLOCK_E=block_e, VALID_ON_DEVICE=num_valid is not None, num_warps=warps)
     # at least one schedule program, even with no tiles: the first also writes offsets and ids_ok
     n_tile_progs = max(1, triton.cdiv(n_tiles, _BLOCK_T))
-    launch(_place_rows_kernel, (n_chunks + n_tile_progs,), ids_N, hist, base, packed, n, first_expert, num_experts,
-           n_chunks, n_tiles, BLOCK_M=block_m, CH=ch, BLOCK_E=block_e, BLOCK_C=max(1, 8192 // block_e),
-           BLOCK_T=_BLOCK_T, num_warps=warps)
+    launch(_place_rows_kernel, (n_chunks + n_tile_progs,), ids_N, valid, hist, base, packed, n, first_expert,
+           num_experts, n_chunks, n_tiles, BLOCK_M=block_m, CH=ch, BLOCK_E=block_e, BLOCK_C=max(1, 8192 // block_e),
+           BLOCK_T=_BLOCK_T, VALID_ON_DEVICE=num_valid is not None, num_warps=warps)
     return RoutingPlan.from_packed(packed, layout)

@@ -21,12 +21,15 @@ back, the dx combine sums on the token's rank, and the weight gradients of the l
 Because the received rows of an expert arrive in (source rank, token) order, which is the global token
 order, every kernel sees its rows in the order a single GPU holding all tokens would: the result is
 bitwise that of the single-GPU op (tests/test_ep.py checks it).
-No token is dropped: receive buffers are sized from the exchanged counts, whatever the skew.
+No token is dropped: receive buffers are sized from the exchanged counts, whatever the skew; or, under
+symm_mem with a capacity factor (`route`), from a bound the host knows without a sync, with a device-side
+check that stops the step before any row moves if a rank would receive more.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -50,13 +53,17 @@ class Route:
     num_local_experts: int
     first_expert: int  # global id of this rank's local expert 0
     send_order_N: torch.Tensor  # routed rows n = t*K + k in send order (by global expert, then n)
-    expert_counts: list[list[int]]  # [s][g]: rows rank s routes to global expert g (every rank holds all)
+    send_ids_N: torch.Tensor  # the global expert of each row in send order (sorted)
+    counts_WG: torch.Tensor  # [s][g] on the device: rows rank s routes to global expert g (every rank holds all)
+    expert_counts: list[list[int]] | None  # counts_WG on the host (the sync); None with a capacity
     transport: str = "all_to_all"  # or "symm_mem"
+    capacity: int | None = None  # rows a rank may receive (symm_mem without the host sync); None: exact sizes
     cache: dict = field(default_factory=dict, compare=False, repr=False)  # the transport's per-route maps
 
     @functools.cached_property
     def counts(self) -> list[list[int]]:
-        """counts[s][q]: rows rank s sends to rank q."""
+        """counts[s][q]: rows rank s sends to rank q (host counts: not with a capacity)."""
+        assert self.expert_counts is not None, "a route with a capacity has no counts on the host"
         E = self.num_local_experts
         return [[sum(row[q * E:(q + 1) * E]) for q in range(len(row) // E)] for row in self.expert_counts]
 
@@ -76,20 +83,49 @@ class Route:
         return sum(self.recv_splits)
 
 
+def capacity_rows(capacity_factor: float, num_rows: int) -> int:
+    """Rows a rank may receive with `ep_capacity_factor`: the factor times the rows each rank routes."""
+    return max(1, math.ceil(capacity_factor * num_rows))
+
+
 def route(topk_ids_TK: torch.Tensor, num_local_experts: int, group: dist.ProcessGroup,
-          transport: str = "all_to_all") -> Route:
+          transport: str = "all_to_all", capacity_factor: float | None = None) -> Route:
+    """The route of this rank's rows. Without a capacity factor the counts are read on the host (the one
+    host sync: every size exact). With one (symm_mem only) nothing is read on the host: buffers hold
+    `capacity_rows` received rows a rank, and a device-side check stops the step, before any row moves,
+    when a rank would receive more (or when the ranks route different numbers of rows)."""
     ep, rank = dist.get_world_size(group), dist.get_rank(group)
     ids_N = topk_ids_TK.reshape(-1)
     num_experts = num_local_experts * ep
     # by global expert (stable): each destination's rows are contiguous (its experts are), grouped by
     # expert in token order. The plan of the receiving rank sorts by expert again, stably, so an expert
     # sees its rows in (source rank, token) order either way: the single-GPU order
-    send_order_N = torch.sort(ids_N, stable=True).indices
+    send_ids_N, send_order_N = torch.sort(ids_N, stable=True)
     expert_counts = torch.bincount(ids_N, minlength=num_experts)[:num_experts]
     gathered = [torch.empty_like(expert_counts) for _ in range(ep)]
     dist.all_gather(gathered, expert_counts, group=group)
-    counts = torch.stack(gathered).tolist()  # the one host sync: buffer sizes and offsets
-    return Route(group, num_local_experts, rank * num_local_experts, send_order_N, counts, transport)
+    counts_WG = torch.stack(gathered)
+    first = rank * num_local_experts
+    if capacity_factor is None:
+        host = counts_WG.tolist()  # the one host sync: buffer sizes and offsets
+        return Route(group, num_local_experts, first, send_order_N, send_ids_N, counts_WG, host, transport)
+    n = ids_N.numel()
+    capacity = capacity_rows(capacity_factor, n)
+    # on the device, in stream order before any row is sent: a failed check stops the step, nothing is
+    # dropped or written past a buffer
+    torch._assert_async((counts_WG.sum(1) == n).all(),
+                        "titan_megamoe.moe: with ep_capacity_factor every rank of the EP group must route the same "
+                        "number of rows (tokens x top-k); they differ. Give every rank the same local batch, or set "
+                        "ep_capacity_factor to 0 (exact sizes from counts read on the host)")
+    received = counts_WG.view(ep, ep, num_local_experts).sum((0, 2))  # rows each rank receives
+    K = topk_ids_TK.shape[1]
+    any_routing = ep * min(K, num_local_experts) / K  # a factor that holds every routing
+    torch._assert_async((received <= capacity).all(),
+                        f"titan_megamoe.moe: a rank of the EP group would receive more routed rows than "
+                        f"ep_capacity_factor={capacity_factor} allows ({capacity} = the factor x {n} rows a rank "
+                        f"routes); the step stops here and drops nothing. Raise ep_capacity_factor ({any_routing:g} "
+                        f"holds any routing), or set it to 0 (exact sizes, one host sync per layer)")
+    return Route(group, num_local_experts, first, send_order_N, send_ids_N, counts_WG, None, transport, capacity)
 
 
 def splits(r: Route, back: bool = False) -> tuple[list[int], list[int]]:
@@ -120,17 +156,17 @@ def to_routed_order(rows_send: torch.Tensor, r: Route) -> torch.Tensor:
     return out
 
 
-def received_plan(recv_ids_R: torch.Tensor, r: Route) -> RoutingPlan:
-    return build_routing_plan(recv_ids_R, r.num_local_experts, row_block_m(), first_expert=r.first_expert)
-
-
-def received_ids(topk_ids_TK: torch.Tensor, r: Route) -> torch.Tensor:
-    """The global expert id of each row this rank receives, in the transport's order: exchanged under the
-    all-to-all; under symm_mem the rows land sorted by expert, so the ids follow from the counts alone
-    (and the plan exists before any row lands)."""
+def received_plan(r: Route, topk_ids_TK: torch.Tensor) -> RoutingPlan:
+    """The plan over the rows this rank receives, from their global expert ids in the transport's order:
+    exchanged under the all-to-all; under symm_mem the rows land sorted by expert, so the ids follow from
+    the counts alone (and the plan exists before any row lands; with a capacity, the rows past the count
+    are padding)."""
     if r.transport == "symm_mem":
-        return expert_sorted_ids(r)
-    return exchange(topk_ids_TK.reshape(-1), r, index=r.send_order_N)
+        ids, num_valid = expert_sorted_ids(r)
+    else:
+        ids, num_valid = exchange(topk_ids_TK.reshape(-1), r, index=r.send_order_N), None
+    return build_routing_plan(ids, r.num_local_experts, row_block_m(), first_expert=r.first_expert,
+                              num_valid=num_valid)
 
 
 class FusedMoEExpertParallel(torch.autograd.Function):
@@ -139,13 +175,13 @@ class FusedMoEExpertParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, group,
-                transport: str = "all_to_all"):
+                transport: str = "all_to_all", capacity_factor: float | None = None):
         E_local, H, D = w1_EHD.shape
         check_kernel_shapes(D, H)
         K = topk_ids_TK.shape[1]
-        r = route(topk_ids_TK, E_local, group, transport)
+        r = route(topk_ids_TK, E_local, group, transport, capacity_factor)
         send = r.send_order_N
-        plan = received_plan(received_ids(topk_ids_TK, r), r)
+        plan = received_plan(r, topk_ids_TK)
         recv_scores = exchange(topk_scores_TK.float().reshape(-1), r, index=send)
         if r.transport == "symm_mem":
             # GEMM1 starts on the experts whose rows have landed while the rest are on their way; x is
@@ -191,7 +227,7 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         dx = combine(dx_ND, None, K, ctx.x_dtype)
         dw1, dw2, dw3 = ffn_backward_weights(recv_x, plan, w1, w2, saved, ctx.recipe)
         ds = ds_N.view(-1, K).to(ctx.scores_dtype)
-        return dx, None, ds, dw1, dw2, dw3, None, None, None
+        return dx, None, ds, dw1, dw2, dw3, None, None, None, None
 
 
 def moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, compute_dtype, group):

@@ -98,7 +98,7 @@ class _CudaSymmetricBuffers:
         world = dist.get_world_size(self._group)
         self.flags = self._local[:4 * world].view(torch.int32)
         self.counters = self._local[_FLAGS:_HEADER].view(torch.int32)
-        self.counted = None  # what each counter reads once every exchange so far has landed (host side)
+        self.counted = None  # what each counter reads once every exchange so far has landed (on the device)
         self.flag_addresses, self.counter_addresses, self.row_addresses, self.back_addresses = _address_tables(
             [self._handle.get_buffer(r, (1,), torch.uint8, 0).data_ptr() for r in range(world)], nbytes, self._device)
 
@@ -161,59 +161,81 @@ def _buffers(group, device: torch.device):
 
 
 def _counts(r) -> tuple[torch.Tensor, int, int, torch.Tensor]:
-    """(expert counts [ranks, global experts] on the host, this rank, local experts per rank, rows this
-    rank receives per local expert), made once per route."""
+    """(expert counts [ranks, global experts], this rank, local experts per rank, rows this rank receives
+    per local expert), on the device, made once per route."""
     if "counts" not in r.cache:
-        C, me, E = torch.tensor(r.expert_counts, dtype=torch.int64), dist.get_rank(r.group), r.num_local_experts
+        C, me, E = r.counts_WG.to(torch.int64), dist.get_rank(r.group), r.num_local_experts
         r.cache["counts"] = (C, me, E, C[:, me * E:(me + 1) * E].sum(0))
     return r.cache["counts"]
 
 
-def expert_sorted_ids(r) -> torch.Tensor:
-    """The global expert of each row this rank receives: the rows land sorted by expert (`_maps`)."""
-    C, me, E, per_expert = _counts(r)
-    device = r.send_order_N.device
-    return torch.repeat_interleave(torch.arange(me * E, (me + 1) * E, device=device), per_expert.to(device),
-                                   output_size=int(per_expert.sum()))
+def _sizes(r) -> tuple[int, int, int, int]:
+    """Host-known row counts: (rows this rank receives, the most any rank receives, rows this rank sends,
+    the most any rank sends). Exact from the host counts; with a capacity, the capacity for the first
+    two (the rows past a rank's count are padding) and this rank's routed rows for the others (`route`
+    checks on the device that every rank routes as many)."""
+    if "sizes" not in r.cache:
+        if r.capacity is not None:
+            n = r.send_order_N.numel()
+            r.cache["sizes"] = (r.capacity, r.capacity, n, n)
+        else:
+            me, E = dist.get_rank(r.group), r.num_local_experts
+            C = torch.tensor(r.expert_counts, dtype=torch.int64)
+            received, sent = C.sum(0).view(-1, E).sum(1), C.sum(1)
+            r.cache["sizes"] = (int(received[me]), int(received.max()), int(sent[me]), int(sent.max()))
+    return r.cache["sizes"]
+
+
+def _num_valid(r) -> torch.Tensor | None:
+    """With a capacity: int32 [1] on the device, the rows this rank receives (the rest of its `_sizes`
+    rows are padding); None with exact sizes."""
+    if r.capacity is None:
+        return None
+    if "valid" not in r.cache:
+        r.cache["valid"] = _counts(r)[3].sum().to(torch.int32).view(1)
+    return r.cache["valid"]
+
+
+def expert_sorted_ids(r) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The global expert of each row this rank receives (the rows land sorted by expert, `_maps`) and
+    `_num_valid` (with a capacity the ids past it are padding: one past this rank's last expert)."""
+    _, me, E, per_expert = _counts(r)
+    rows = torch.arange(_sizes(r)[0], device=per_expert.device)
+    local = torch.searchsorted(per_expert.cumsum(0), rows, right=True)
+    return me * E + local, _num_valid(r)
 
 
 def _maps(r, back: bool):
-    """Where each row goes, (destination rank [n] int32, destination row [n] int64, rows this rank gets,
-    the most rows any rank gets, out: the destination's local expert [n] int32), all from the counts
-    every rank holds.
+    """Where each row goes, (destination rank [n] int32, destination row [n] int64, out: the destination's
+    local expert [n] int32), on the device, from the counts every rank holds; no host sync.
 
     Out to the experts' owners, row i of this rank's send order (global expert g, sorted by expert) lands
     at expert g's rows on rank g // E, after the rows of g from lower ranks: each owner's rows end up
     sorted by expert, and within an expert by (source rank, token), the order its plan would give them.
-    Back, a received row (expert g, from rank s, the j-th of those) returns to send slot j of g on s."""
+    Back, a received row (expert g, from rank s, the j-th of those) returns to send slot j of g on s
+    (with a capacity, the padding rows past the count get some in-range destination and are not sent)."""
     key = "back" if back else "out"
     if key in r.cache:
         return r.cache[key]
     C, me, E, _ = _counts(r)
     W, G = C.shape
-    device = r.send_order_N.device
-    received = C.sum(0).view(W, E).sum(1)  # rows each rank receives
-    sent = C.sum(1)
+    device = C.device
     send_start = C.cumsum(1) - C  # [s, g]: first send slot of expert g on rank s
     if not back:
         totals = C.sum(0)  # rows of each expert, all sources
         start = (totals.view(W, E).cumsum(1) - totals.view(W, E)).reshape(G)  # expert g's first row on its owner
         before = C.cumsum(0) - C  # [s, g]: rows of g from ranks below s
-        n = int(sent[me])
-        g = torch.repeat_interleave(torch.arange(G, device=device), C[me].to(device), output_size=n)
-        base = (start + before[me] - send_start[me]).to(device)
-        maps = ((g // E).to(torch.int32), base[g] + torch.arange(n, device=device), int(received[me]),
-                int(received.max()), (g % E).to(torch.int32))
+        g = r.send_ids_N.to(torch.int64)
+        base = start + before[me] - send_start[me]
+        maps = ((g // E).to(torch.int32), base[g] + torch.arange(g.numel(), device=device), (g % E).to(torch.int32))
     else:
         lengths = C[:, me * E:(me + 1) * E].T.reshape(-1)  # received segments (local expert e, source s), e-major
-        seg_first = lengths.cumsum(0) - lengths
-        seg_rank = torch.arange(W).repeat(E)
+        seg_end = lengths.cumsum(0)
+        seg_rank = torch.arange(W, device=device).repeat(E)
         seg_slot = send_start[:, me * E:(me + 1) * E].T.reshape(-1)
-        n = int(lengths.sum())
-        lengths = lengths.to(device)
-        rank = torch.repeat_interleave(seg_rank.to(device), lengths, output_size=n)
-        row = torch.repeat_interleave((seg_slot - seg_first).to(device), lengths, output_size=n)
-        maps = (rank.to(torch.int32), row + torch.arange(n, device=device), int(sent[me]), int(sent.max()), None)
+        p = torch.arange(_sizes(r)[0], device=device)
+        seg = torch.searchsorted(seg_end, p, right=True).clamp_(max=W * E - 1)
+        maps = (seg_rank[seg].to(torch.int32), seg_slot[seg] - (seg_end - lengths)[seg] + p, None)
     r.cache[key] = maps
     return maps
 
@@ -225,20 +247,25 @@ def _send(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None, count: 
     assert index is None or not back, "rows go back from where they were received, not by an index"
     me = dist.get_rank(r.group)
     row_numel = math.prod(rows.shape[1:])
-    dst_rank, dst_row, n_out, _, dst_expert = _maps(r, back)
-    if len(r.expert_counts) > _FLAGS // 4 or r.num_local_experts > _COUNTERS // 4:
+    dst_rank, dst_row, dst_expert = _maps(r, back)
+    n_out = _sizes(r)[2 if back else 0]  # rows this rank gets
+    world = dist.get_world_size(r.group)
+    if world > _FLAGS // 4 or r.num_local_experts > _COUNTERS // 4:
         raise ValueError(f"ep_transport='symm_mem' supports up to {_FLAGS // 4} EP ranks and {_COUNTERS // 4} local "
-                         f"experts per rank, got {len(r.expert_counts)} and {r.num_local_experts}; use "
+                         f"experts per rank, got {world} and {r.num_local_experts}; use "
                          f"ep_transport='all_to_all'")
     bufs = _buffers(r.group, rows.device)
     need = _region_bytes(r, row_numel * rows.element_size())
     if need > bufs.nbytes:  # every rank computes the same `need`: the reallocation is collective
-        bufs.allocate(max(_ALIGN, -(-int(need * _HEADROOM) // _ALIGN) * _ALIGN))
+        # with a capacity the need is already a bound (it changes only with the rows a rank routes)
+        headroom = 1.0 if r.capacity is not None else _HEADROOM
+        bufs.allocate(max(_ALIGN, -(-int(need * headroom) // _ALIGN) * _ALIGN))
     bufs.barrier()  # peers have copied the previous exchange out of their buffers
     bufs.epoch += 1  # every rank counts the same exchanges in the same order
     counts = (bufs.counter_addresses, dst_expert) if count else None
     addresses = bufs.back_addresses if back else bufs.row_addresses
-    scatter_rows(rows.reshape(rows.shape[0], row_numel), dst_rank, dst_row, addresses, index, counts)
+    scatter_rows(rows.reshape(rows.shape[0], row_numel), dst_rank, dst_row, addresses, index, counts,
+                 num_valid=_num_valid(r) if back else None)
     signal_peers(bufs.flag_addresses, me, bufs.epoch)  # after this rank's rows, on the same stream
     return bufs, bufs.view(me, rows.dtype, (n_out, *rows.shape[1:]), 0, back)
 
@@ -247,7 +274,8 @@ def _region_bytes(r, row_bytes: int) -> int:
     """Bytes a region needs for rows of row_bytes in this route, either direction (the most rows any rank
     receives, out or back): an exchange out sizes the back region too, so that the GEMM writing the rows
     back (`back_from_gemm`, which cannot reallocate under a running GEMM1) finds room."""
-    return max(_maps(r, False)[3], _maps(r, True)[3]) * row_bytes
+    _, most_received, _, most_sent = _sizes(r)
+    return max(most_received, most_sent) * row_bytes
 
 
 def exchange_symmetric(rows: torch.Tensor, r, back: bool, index: torch.Tensor | None = None) -> torch.Tensor:
@@ -269,10 +297,11 @@ def send_counted(rows: torch.Tensor, r, index: torch.Tensor):
     _, _, E, per_expert = _counts(r)
     landed = per_expert * column_blocks(math.prod(rows.shape[1:]))
     if bufs.counted is None:  # new buffers: their counters start at zero
-        bufs.counted = torch.zeros(_COUNTERS // 4, dtype=torch.int64)
-    # counters are never reset: they count modulo 2**32, and GEMM1 compares with wrap-around arithmetic
+        bufs.counted = torch.zeros(_COUNTERS // 4, dtype=torch.int64, device=landing.device)
+    # counters are never reset: they count modulo 2**32, and GEMM1 compares with wrap-around arithmetic;
+    # what each will read is tracked on the device, so no count is read on the host
     bufs.counted[:E] = (bufs.counted[:E] + landed) % 2**32
-    expected = (((bufs.counted[:E] + 2**31) % 2**32) - 2**31).to(torch.int32).to(landing.device)
+    expected = (((bufs.counted[:E] + 2**31) % 2**32) - 2**31).to(torch.int32)
     arrivals = (bufs.counters[:E], expected)
 
     def finish() -> torch.Tensor:
@@ -292,7 +321,8 @@ def back_from_gemm(r, plan, dtype: torch.dtype, row_shape: tuple[int, ...]):
     that began the exchange out (rows out of the same route, made just before), since each rank copies a
     region's rows out before its next barrier. The exchange out sized the region for these rows."""
     me = dist.get_rank(r.group)
-    dst_rank, dst_row, n_back, _, _ = _maps(r, back=True)
+    dst_rank, dst_row, _ = _maps(r, back=True)
+    n_back = _sizes(r)[2]
     bufs = _buffers(r.group, dst_rank.device)
     row_numel = math.prod(row_shape)
     need = _region_bytes(r, row_numel * dtype.itemsize)
@@ -301,6 +331,7 @@ def back_from_gemm(r, plan, dtype: torch.dtype, row_shape: tuple[int, ...]):
     if key not in r.cache:
         # element offsets from this rank's back region to each row's place in its destination's (regions
         # are element-aligned: 1 MiB multiples apart, mapped at page boundaries), by the plan's sorted row
+        # (with a capacity the padding rows' offsets are in range, unused: no tile covers them)
         region_offset = (bufs.back_addresses - bufs.back_addresses[me]) // dtype.itemsize
         r.cache[key] = (region_offset[dst_rank] + dst_row * row_numel)[plan.order_N]
     peers = PeerRows(bufs.view(me, dtype, (max(n_back, 1), *row_shape), 0, back=True), r.cache[key])

@@ -57,6 +57,9 @@ class MegaMoE:
     ep_transport: str = "auto"
     """With parallelism.expert_parallel_degree > 1: how token rows move between EP ranks. all_to_all = torch.distributed all-to-all (NCCL, gloo on CPU); symm_mem = a Triton kernel writes the rows into the peers' torch symmetric-memory buffers, sorted by expert; GEMM1 (and dgrad in the backward) start on each expert once its rows have landed, and GEMM2 (dx's GEMM) store their rows straight into the tokens' ranks (Triton backend; not measured on GPUs); auto = all_to_all."""
 
+    ep_capacity_factor: float = 0.0
+    """With ep_transport = symm_mem: 0 = buffers sized from the expert counts read on the host (one host sync per MoE layer, as stock EP); a number >= 1 = no host sync: each rank's buffers hold that many times the rows it routes (tokens x top-k; every rank must route as many), and a device-side check stops the step, dropping nothing, if a rank would receive more. EP x min(top-k, local experts) / top-k holds any routing."""
+
     tile_table: str = ""
     """A tile-config table from `titan-megamoe tune --out FILE` for this model's shape (every rank reads the same file); empty = the shipped table and defaults."""
 
@@ -76,6 +79,11 @@ def check_value(key: str, value) -> None:
         if not isinstance(value, str):
             raise MegaMoEConfigError(f"[mega_moe] tile_table must be a file path string, got "
                                      f"{type(value).__name__} {value!r}; e.g. tile_table = \"tile_table.json\"")
+        return
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or value >= 1):
+            raise MegaMoEConfigError(f"[mega_moe] {key} must be 0 or a number >= 1, got {type(value).__name__} "
+                                     f"{value!r}; e.g. {key} = 1.5 (unquoted in TOML)")
         return
     if kind is bool:
         if not isinstance(value, bool):

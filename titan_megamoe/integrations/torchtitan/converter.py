@@ -61,6 +61,10 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
             if resolve_ep_transport(cfg.ep_transport) == "symm_mem" and backend == "reference":
                 _fail("ep_transport='symm_mem' runs the Triton backend; the reference backend moves rows by "
                       "all-to-all: set --mega_moe.ep_transport all_to_all (or auto)")
+            if cfg.ep_capacity_factor and resolve_ep_transport(cfg.ep_transport) != "symm_mem":
+                _fail(f"ep_capacity_factor={cfg.ep_capacity_factor} applies to ep_transport='symm_mem' (the "
+                      f"all-to-all needs its split sizes on the host); set --mega_moe.ep_transport symm_mem or "
+                      f"--mega_moe.ep_capacity_factor 0")
             if recipe.precision.value != "bf16":
                 _fail(f"precision={cfg.precision!r} with expert parallelism (expert_parallel_degree="
                       f"{parallel_dims.ep}) is not implemented yet; set --mega_moe.precision bf16")
@@ -98,7 +102,7 @@ def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
 
 
 def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router: bool = True,
-                    ep_transport: str = "all_to_all") -> int:
+                    ep_transport: str = "all_to_all", ep_capacity_factor: float | None = None) -> int:
     """Swap every stock MoE (and its GroupedExperts) in place; return how many were swapped."""
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoE)]
     if not layers:
@@ -123,6 +127,7 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router
         m.experts.precision = precision
         m.experts.backend = backend
         m.experts.ep_transport = ep_transport
+        m.experts.ep_capacity_factor = ep_capacity_factor
         m.fused_router = fused_router
     return len(layers)
 
@@ -163,7 +168,10 @@ class MegaMoEConverter:
         self.router_note = _router_note(job_config, self.backend, self.fused_router)
         ep = parallel_dims.ep if parallel_dims is not None else 1
         self.ep_transport = resolve_ep_transport(job_config.mega_moe.ep_transport)
-        self.ep_note = f", EP {ep} ({self.ep_transport})" if ep > 1 else ""
+        # 0 (exact sizes, host sync) -> None; without EP the factor has nothing to size
+        self.ep_capacity_factor = (float(job_config.mega_moe.ep_capacity_factor) or None) if ep > 1 else None
+        capacity = f", capacity factor {self.ep_capacity_factor:g}" if self.ep_capacity_factor else ""
+        self.ep_note = f", EP {ep} ({self.ep_transport}{capacity})" if ep > 1 else ""
         self.tiles_note = ""
         if job_config.mega_moe.tile_table:
             try:
@@ -176,7 +184,8 @@ class MegaMoEConverter:
             self.ac_note = "AC selective op (EP: the fused op and its all-to-alls are recomputed)"
 
     def convert(self, model: nn.Module) -> None:
-        n = swap_moe_layers(model, self.precision, self.backend, self.fused_router, self.ep_transport)
+        n = swap_moe_layers(model, self.precision, self.backend, self.fused_router, self.ep_transport,
+                            self.ep_capacity_factor)
         set_sac_policy(self.save_under_sac, self.model_name)
         logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
                     f"backend={self.backend}, {self.router_note}, {self.ac_note}{self.ep_note}{self.tiles_note}")

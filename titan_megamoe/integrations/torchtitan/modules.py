@@ -49,6 +49,7 @@ class MegaGroupedExperts(GroupedExperts):
     precision: str = "bf16"
     backend: str = "auto"
     ep_transport: str = "all_to_all"
+    ep_capacity_factor: float | None = None  # symm_mem without the host sync (`titan_megamoe.moe`)
     ep_mesh = None  # set by expert_parallel.MegaAwareExpertParallel: the weights hold this rank's experts
 
     def forward(  # type: ignore[override]
@@ -67,11 +68,13 @@ class MegaGroupedExperts(GroupedExperts):
         return fused_moe(
             x_TD, topk_ids_TK, topk_scores_TK, w1, w2, w3, precision=self.precision, backend=self.backend,
             ep_group=group, ep_transport=self.ep_transport,
+            ep_capacity_factor=self.ep_capacity_factor if group is not None else None,
         )
 
     def extra_repr(self) -> str:
         E, H, D = self.w1.shape
-        ep = f", ep={self.ep_mesh.size()} ({self.ep_transport})" if self.ep_mesh is not None else ""
+        cf = f", capacity factor {self.ep_capacity_factor:g}" if self.ep_capacity_factor else ""
+        ep = f", ep={self.ep_mesh.size()} ({self.ep_transport}{cf})" if self.ep_mesh is not None else ""
         return f"experts={E}, dim={D}, hidden={H}, precision={self.precision}, backend={self.backend}{ep}"
 
 
