@@ -98,7 +98,7 @@ def test_whole_benchmark_on_a_tiny_case_writes_json_and_table(on_cpu, monkeypatc
     table and scripts/results_tables.py read, SAC variants, JSON written; nothing about speed."""
     bench = on_cpu
     path, data = run_bench(bench, monkeypatch, tmp_path, {"tiny": (48, 64, 32, 4, 2, "skewed")},
-                           "--iters", "2", "--warmup", "0", "--rounds", "2", "--sac")
+                           "--iters", "1", "--warmup", "0", "--rounds", "2", "--sac")
     out = capsys.readouterr().out
     assert "back-to-back" in out and "stock router" in out and "op-SAC" in out
     assert "[bench 1/1] tiny bf16: f+b" in out  # the per-case progress line
