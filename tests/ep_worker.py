@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--shape", nargs=5, type=int, metavar=("T", "D", "H", "E", "K"))
     ap.add_argument("--routing", default="random")
     ap.add_argument("--transport", default="all_to_all", choices=["all_to_all", "symm_mem"])
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8", "fp8_bwd"])
     ap.add_argument("--capacity-factor", type=float, default=None,
                     help="symm_mem without the host sync; then also checks the errors of a too small factor "
                          "and of ranks routing different numbers of rows")
@@ -79,7 +80,7 @@ def main():
                      seed=T + E)
     case.ids = ids_for(a.routing, case.ids, E, ep)
     dout = torch.randn(T, D, generator=torch.Generator().manual_seed(7)).to(device=device, dtype=dtype)
-    whole = forward_backward(lambda *t: titan_megamoe.moe(*t, backend=a.backend), case, dout)
+    whole = forward_backward(lambda *t: titan_megamoe.moe(*t, backend=a.backend, precision=a.precision), case, dout)
 
     # this rank's tokens (an uneven split when T is not a multiple of ep) and experts
     bounds = [T * r // ep for r in range(ep + 1)]
@@ -91,7 +92,8 @@ def main():
     mine.w1, mine.w2, mine.w3 = case.w1[exp], case.w2[exp], case.w3[exp]
     group = dist.group.WORLD
     op = lambda *t, cf=a.capacity_factor: titan_megamoe.moe(  # noqa: E731
-        *t, backend=a.backend, ep_group=group, ep_transport=a.transport, ep_capacity_factor=cf)
+        *t, backend=a.backend, precision=a.precision, ep_group=group, ep_transport=a.transport,
+        ep_capacity_factor=cf)
     got = forward_backward(op, mine, dout[tok])
     if a.transport == "symm_mem":
         # a second call reuses the buffers (epochs and counters go on from the first): the same result

@@ -89,6 +89,18 @@ def test_symmetric_memory_with_capacity_matches_single_process(ep, shape, routin
                "--transport", "symm_mem", "--capacity-factor", "2.0")
 
 
+@pytest.mark.parametrize("precision,transport,capacity", [
+    ("fp8", "all_to_all", None),
+    ("fp8_bwd", "symm_mem", "2.0"),  # the bf16 forward inside the GEMMs, the FP8 backward by whole exchanges
+])
+def test_block_fp8_under_expert_parallelism_matches_single_process(precision, transport, capacity):
+    """Block FP8 under EP: the received rows are quantized where they land, in the same expert-sorted order
+    and token tiles as on one GPU, so the result is bitwise the single-process FP8 op."""
+    args = ["--backend", "triton", "--shape", "24", "128", "128", "4", "2", "--routing", "mostly_last",
+            "--transport", transport, "--precision", precision]
+    _run_ranks(2, *args, *(["--capacity-factor", capacity] if capacity else []))
+
+
 def test_ep_transport_errors_name_the_choices():
     import titan_megamoe
     from moe_cases import make_case

@@ -213,7 +213,8 @@ def moe(
         ep_group: a torch.distributed process group for expert parallelism (None: all experts are local).
             Its rank r holds the weights of global experts [r*E_local, (r+1)*E_local) (E_local = the
             weights' first dim, TorchTitan's EP layout); ids are global in [0, E_local * group size). Rows
-            travel by `ep_transport` (`pipeline.ep_dispatch`); eager autograd only, bf16 only.
+            travel by `ep_transport` (`pipeline.ep_dispatch`); eager autograd only; FP8 on the Triton
+            backend only.
         ep_transport: with ep_group, "all_to_all" (torch.distributed all-to-all) or "symm_mem" (rows
             written into the peers' torch symmetric-memory buffers, `pipeline.symm_transport`; Triton
             backend). Both give the same result.
@@ -254,7 +255,7 @@ def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_E
                          transport, capacity_factor):
     from .pipeline.ep_dispatch import FusedMoEExpertParallel, moe_reference_ep
 
-    check_expert_parallel(recipe, group)
+    check_expert_parallel(recipe, backend)
     check_expert_ids(topk_ids_TK, w1_EFD.shape[0] * torch.distributed.get_world_size(group), device_check=False)
     if backend == "reference":
         return moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe.forward_operand,

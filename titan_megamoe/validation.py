@@ -223,12 +223,15 @@ def check_ep_transport(transport, capacity_factor=None) -> None:
                          f"ep_capacity_factor or use ep_transport='symm_mem'")
 
 
-def check_expert_parallel(recipe, group) -> None:
-    """What the expert-parallel path runs today: bf16, eager autograd (the all-to-all split sizes are read on
-    the host, which a torch.compile graph cannot hold)."""
-    if recipe.precision.value != "bf16":
+def check_expert_parallel(recipe, backend: str) -> None:
+    """What the expert-parallel path runs today: bf16 on both backends, block FP8 (`fp8`, `fp8_bwd`) on the
+    Triton kernels; eager autograd (the all-to-all split sizes are read on the host, which a torch.compile
+    graph cannot hold)."""
+    if backend == "reference" and (recipe.quantized() or recipe.quantized(backward=True)):
         raise NotImplementedError(f"titan_megamoe.moe: precision={recipe.precision.value!r} with expert "
-                                  f"parallelism (ep_group) is not implemented yet; use precision='bf16'")
+                                  f"parallelism (ep_group) runs on the Triton kernels only (the reference backend's "
+                                  f"FP8 emulation has no EP path yet); use backend='triton' (on CPU with "
+                                  f"TRITON_INTERPRET=1) or precision='bf16'")
     if torch.compiler.is_compiling():
         raise NotImplementedError("titan_megamoe.moe: expert parallelism (ep_group) under torch.compile is not "
                                   "implemented yet; run the MoE layers eagerly (TorchTitan: --compile.enable off "

@@ -36,11 +36,11 @@ import torch
 import torch.distributed as dist
 
 from ..kernels.combine import combine
-from ..kernels.configs import row_block_m
 from ..kernels.routing_meta import build_routing_plan
 from ..plan import RoutingPlan
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
+from .dispatch import plan_block_m
 from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward
 from .symm_transport import back_from_gemm, exchange_symmetric, expert_sorted_ids, send_counted
 
@@ -156,7 +156,7 @@ def to_routed_order(rows_send: torch.Tensor, r: Route) -> torch.Tensor:
     return out
 
 
-def received_plan(r: Route, topk_ids_TK: torch.Tensor) -> RoutingPlan:
+def received_plan(r: Route, topk_ids_TK: torch.Tensor, recipe: Recipe) -> RoutingPlan:
     """The plan over the rows this rank receives, from their global expert ids in the transport's order:
     exchanged under the all-to-all; under symm_mem the rows land sorted by expert, so the ids follow from
     the counts alone (and the plan exists before any row lands; with a capacity, the rows past the count
@@ -165,13 +165,21 @@ def received_plan(r: Route, topk_ids_TK: torch.Tensor) -> RoutingPlan:
         ids, num_valid = expert_sorted_ids(r)
     else:
         ids, num_valid = exchange(topk_ids_TK.reshape(-1), r, index=r.send_order_N), None
-    return build_routing_plan(ids, r.num_local_experts, row_block_m(), first_expert=r.first_expert,
+    return build_routing_plan(ids, r.num_local_experts, plan_block_m(recipe), first_expert=r.first_expert,
                               num_valid=num_valid)
 
 
+def _fused_transport(r: Route, recipe: Recipe, backward: bool = False) -> bool:
+    """Whether this side of the layer moves its rows inside the GEMMs (symm_mem, bf16 operands: GEMM1 or
+    dgrad wait per expert and read the landing rows in place, GEMM2 or dx's GEMM store rows to the peers).
+    Block FP8 quantizes the rows before its GEMMs (a pass over all of them), so under symm_mem an FP8 side
+    exchanges whole buffers through symmetric memory (`exchange`) around the same FFN stage instead."""
+    return r.transport == "symm_mem" and not recipe.quantized(backward)
+
+
 class FusedMoEExpertParallel(torch.autograd.Function):
-    """The Triton pipeline under EP (either transport). Differentiable in x, the scores and the local
-    expert weights; eager only (the split sizes are read on the host)."""
+    """The Triton pipeline under EP (either transport, bf16 or block FP8). Differentiable in x, the scores
+    and the local expert weights; eager only (the split sizes are read on the host)."""
 
     @staticmethod
     def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, group,
@@ -181,9 +189,9 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         K = topk_ids_TK.shape[1]
         r = route(topk_ids_TK, E_local, group, transport, capacity_factor)
         send = r.send_order_N
-        plan = received_plan(r, topk_ids_TK)
+        plan = received_plan(r, topk_ids_TK, recipe)
         recv_scores = exchange(topk_scores_TK.float().reshape(-1), r, index=send)
-        if r.transport == "symm_mem":
+        if _fused_transport(r, recipe):
             # GEMM1 starts on the experts whose rows have landed while the rest are on their way; x is
             # cast to the operand dtype before it leaves, so GEMM1 reads the landing rows in place; GEMM2
             # stores each y row straight into its token's rank
@@ -208,7 +216,7 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         recv_x, recv_scores, w1, w2, w3, packed, *residuals = ctx.saved_tensors
         r, K = ctx.route, ctx.K
         plan = RoutingPlan.from_packed(packed, ctx.layout)
-        if r.transport == "symm_mem":
+        if _fused_transport(r, ctx.recipe, backward=True):
             # as the forward: dgrad starts on the experts whose dout rows have landed, reading them in place
             # (they stay in the buffer until the weight gradients have read them: the next exchange out
             # begins with a barrier, after them on every rank's stream); dx's GEMM stores each dx row

@@ -43,7 +43,7 @@ class MegaMoE:
     """Run every MoE layer's routed experts through titan-megamoe's fused op (same parameters, FQNs and checkpoints as stock)."""
 
     precision: str = "bf16"
-    """bf16 | fp8 | fp8_bwd | mxfp8. bf16, fp8 (Hopper block FP8, forward and backward) and fp8_bwd (bf16 forward, FP8 backward) on both backends (reference: the pure-PyTorch emulation); FP8 needs D and H multiples of 128 and no expert parallelism yet. mxfp8: Blackwell only."""
+    """bf16 | fp8 | fp8_bwd | mxfp8. bf16, fp8 (Hopper block FP8, forward and backward) and fp8_bwd (bf16 forward, FP8 backward) on both backends (reference: the pure-PyTorch emulation); FP8 needs D and H multiples of 128, and the Triton backend under expert parallelism. mxfp8: Blackwell only."""
 
     backend: str = "auto"
     """auto | triton | reference. auto: the fused Triton kernels on CUDA, the pure-PyTorch reference (stock's rounding) elsewhere."""

@@ -65,9 +65,10 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
                 _fail(f"ep_capacity_factor={cfg.ep_capacity_factor} applies to ep_transport='symm_mem' (the "
                       f"all-to-all needs its split sizes on the host); set --mega_moe.ep_transport symm_mem or "
                       f"--mega_moe.ep_capacity_factor 0")
-            if recipe.precision.value != "bf16":
+            if (recipe.quantized() or recipe.quantized(backward=True)) and backend == "reference":
                 _fail(f"precision={cfg.precision!r} with expert parallelism (expert_parallel_degree="
-                      f"{parallel_dims.ep}) is not implemented yet; set --mega_moe.precision bf16")
+                      f"{parallel_dims.ep}) runs on the Triton kernels only (the reference backend's FP8 emulation "
+                      f"has no EP path yet); set --mega_moe.backend triton (a GPU) or --mega_moe.precision bf16")
     quantized_experts = [c for c in job_config.model.converters if c.startswith("quantize.grouped_mm")]
     if quantized_experts:
         _fail(f"model.converters {quantized_experts} quantize the same expert GEMMs that mega_moe replaces; "
