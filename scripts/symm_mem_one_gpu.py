@@ -55,8 +55,18 @@ def main():
         for transport, cf in (("symm_mem", None), ("symm_mem", 1.5), ("all_to_all", None)):
             ep = forward_backward(
                 lambda *t: FusedMoEExpertParallel.apply(*t, recipe, dist.group.WORLD, transport, cf), case, dout)
-            results.append({"T": T, "transport": transport, "capacity_factor": cf,
+            results.append({"T": T, "precision": "bf16", "transport": transport, "capacity_factor": cf,
                             "bitwise": {k: bool(torch.equal(whole[k], ep[k])) for k in whole}})
+            print(results[-1], flush=True)
+        # block FP8 under EP (rows quantized where they land): against the single-process FP8 op
+        for precision, transport, cf in (("fp8", "all_to_all", None), ("fp8_bwd", "symm_mem", 1.5)):
+            whole8 = forward_backward(lambda *t: titan_megamoe.moe(*t, backend="triton", precision=precision),
+                                      case, dout)
+            r8 = recipe_for(precision, torch.device("cuda"))
+            ep = forward_backward(
+                lambda *t: FusedMoEExpertParallel.apply(*t, r8, dist.group.WORLD, transport, cf), case, dout)
+            results.append({"T": T, "precision": precision, "transport": transport, "capacity_factor": cf,
+                            "bitwise": {k: bool(torch.equal(whole8[k], ep[k])) for k in whole8}})
             print(results[-1], flush=True)
     # the capacity path claims no host sync: run it once more (buffers already big enough) with torch's
     # sync debug mode raising on any synchronising CUDA call, and record what it says
