@@ -28,7 +28,7 @@ the block-scaled main loop's partial products beside the whole dSwiGLU and spill
 Qwen3-30B-A3B T=16384 on an H200, against 1.1 ms for bf16's split pair (docs/kernels.md).
 
 `_dswiglu_fp8_kernel` itself spills too (five outputs, two of them transposed, at 16 warps: 1.32 ms,
-~840 GB/s). The candidate replacement (`_FP8_DSWIGLU_SPLIT`, off until it is timed on the H200) runs
+~840 GB/s). The replacement (`_FP8_DSWIGLU_SPLIT`, on since it was timed on the H200: 1.05 ms against 1.31 ms) runs
 the same work as two kernels that each recompute the dSwiGLU from q, g, u: `_dswiglu_fp8_rows_kernel`
 (small row blocks of the N real rows, no transposes: dg, du rows and ds) and `_dswiglu_fp8_tiles_kernel`
 (per plan tile, the three transposed token tiles). They read q, g, u twice, but each is shaped like a
@@ -69,7 +69,9 @@ _FP8_DSWIGLU = dict(num_warps=16)
 # two column blocks in turn (`quantize.py`), here in 32-column steps: dg, du and s*h live at once, and 4
 # warps spill 2.2 KB a thread at 128-column steps, 1 KB at 64, 56 B at 32 (local Triton's sm_90 compile,
 # as scripts/sm90_resources.py does it; the GPU's Triton may differ).
-_FP8_DSWIGLU_SPLIT = False
+# H200, 30B-A3B T=16384 (docs/results/bench_row_kernels_20261205T021052.json, at cc0ca82): the pair with
+# these settings 1055 us, the single kernel 1308 us (1.24x); 8-warp tiles were slower (1.50 ms)
+_FP8_DSWIGLU_SPLIT = True
 _FP8_ROWS_BLOCK_M, _FP8_ROWS_WARPS = 32, 8
 _FP8_TILES_WARPS, _FP8_TILES_COL_BLOCKS, _FP8_TILES_BLOCK_N = 4, 2, 32
 

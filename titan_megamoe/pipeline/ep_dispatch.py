@@ -113,18 +113,17 @@ def route(topk_ids_TK: torch.Tensor, num_local_experts: int, group: dist.Process
     capacity = capacity_rows(capacity_factor, n)
     # on the device, in stream order before any row is sent: a failed check stops the step, nothing is
     # dropped or written past a buffer
+    # (CUDA's device assert takes messages under 255 characters)
     torch._assert_async((counts_WG.sum(1) == n).all(),
-                        "titan_megamoe.moe: with ep_capacity_factor every rank of the EP group must route the same "
-                        "number of rows (tokens x top-k); they differ. Give every rank the same local batch, or set "
-                        "ep_capacity_factor to 0 (exact sizes from counts read on the host)")
+                        "titan_megamoe.moe: with ep_capacity_factor every EP rank must route the same number of rows "
+                        "(tokens x top-k); they differ. Use equal local batches, or ep_capacity_factor 0")
     received = counts_WG.view(ep, ep, num_local_experts).sum((0, 2))  # rows each rank receives
     K = topk_ids_TK.shape[1]
     any_routing = ep * min(K, num_local_experts) / K  # a factor that holds every routing
     torch._assert_async((received <= capacity).all(),
-                        f"titan_megamoe.moe: a rank of the EP group would receive more routed rows than "
-                        f"ep_capacity_factor={capacity_factor} allows ({capacity} = the factor x {n} rows a rank "
-                        f"routes); the step stops here and drops nothing. Raise ep_capacity_factor ({any_routing:g} "
-                        f"holds any routing), or set it to 0 (exact sizes, one host sync per layer)")
+                        f"titan_megamoe.moe: an EP rank would receive more rows than ep_capacity_factor="
+                        f"{capacity_factor} allows ({capacity}); stopped, nothing dropped. Raise it ({any_routing:g} "
+                        f"holds any routing) or set 0 (exact sizes, a host sync)")
     return Route(group, num_local_experts, first, send_order_N, send_ids_N, counts_WG, None, transport, capacity)
 
 
