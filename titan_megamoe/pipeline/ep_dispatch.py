@@ -101,7 +101,11 @@ def route(topk_ids_TK: torch.Tensor, num_local_experts: int, group: dist.Process
     # expert in token order. The plan of the receiving rank sorts by expert again, stably, so an expert
     # sees its rows in (source rank, token) order either way: the single-GPU order
     send_ids_N, send_order_N = torch.sort(ids_N, stable=True)
-    expert_counts = torch.bincount(ids_N, minlength=num_experts)[:num_experts]
+    # counted with index_add_, not bincount: bincount on CUDA reads the max id on the host (a sync; the
+    # capacity path raised under torch's sync debug mode on the H200 with it), and an id out of range stops
+    # here at the bounds check instead of addressing a rank that does not exist
+    expert_counts = torch.zeros(num_experts, dtype=torch.int64, device=ids_N.device).index_add_(
+        0, ids_N.long(), torch.ones_like(ids_N, dtype=torch.int64))
     gathered = [torch.empty_like(expert_counts) for _ in range(ep)]
     dist.all_gather(gathered, expert_counts, group=group)
     counts_WG = torch.stack(gathered)
