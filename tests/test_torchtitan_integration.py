@@ -337,7 +337,7 @@ def test_save_under_sac_edits_qwen3_save_list():
     (["--mega_moe.ep_transport", "symm_mem", "--mega_moe.backend", "reference"], dims(ep=2),
      ["symm_mem", "Triton backend", "all_to_all"]),
     (["--mega_moe.ep_capacity_factor", "2"], dims(ep=2),
-     ["ep_capacity_factor=2.0", "ep_transport='symm_mem'", "--mega_moe.ep_capacity_factor 0"]),
+     ["ep_capacity_factor applies to ep_transport='symm_mem'", "'all_to_all'", "--mega_moe.ep_capacity_factor 0"]),
     (["--mega_moe.precision", "fp8", "--mega_moe.backend", "reference"], dims(ep=2),
      ["'fp8'", "expert parallelism", "--mega_moe.precision bf16"]),
     (["--model.converters", "quantize.grouped_mm.float8"], None, ["quantize.grouped_mm.float8", "--mega_moe.precision"]),

@@ -179,10 +179,9 @@ def _sizes(r) -> tuple[int, int, int, int]:
             n = r.send_order_N.numel()
             r.cache["sizes"] = (r.capacity, r.capacity, n, n)
         else:
-            me, E = dist.get_rank(r.group), r.num_local_experts
-            C = torch.tensor(r.expert_counts, dtype=torch.int64)
-            received, sent = C.sum(0).view(-1, E).sum(1), C.sum(1)
-            r.cache["sizes"] = (int(received[me]), int(received.max()), int(sent[me]), int(sent.max()))
+            received = [sum(col) for col in zip(*r.counts)]
+            sent = [sum(row) for row in r.counts]
+            r.cache["sizes"] = (r.num_received, max(received), sum(r.send_splits), max(sent))
     return r.cache["sizes"]
 
 

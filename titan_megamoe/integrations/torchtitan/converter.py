@@ -16,7 +16,7 @@ from torchtitan.tools.logging import logger
 from ...kernels.configs import use_tile_table
 from ...ops import resolve_backend
 from ...precision import check_backend_precision, recipe_for
-from ...validation import check_block_shapes
+from ...validation import check_block_shapes, check_ep_transport
 from .modules import MegaGroupedExperts, MegaMoE
 
 CONVERTER_NAME = "mega_moe"
@@ -61,10 +61,10 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
             if resolve_ep_transport(cfg.ep_transport) == "symm_mem" and backend == "reference":
                 _fail("ep_transport='symm_mem' runs the Triton backend; the reference backend moves rows by "
                       "all-to-all: set --mega_moe.ep_transport all_to_all (or auto)")
-            if cfg.ep_capacity_factor and resolve_ep_transport(cfg.ep_transport) != "symm_mem":
-                _fail(f"ep_capacity_factor={cfg.ep_capacity_factor} applies to ep_transport='symm_mem' (the "
-                      f"all-to-all needs its split sizes on the host); set --mega_moe.ep_transport symm_mem or "
-                      f"--mega_moe.ep_capacity_factor 0")
+            try:
+                check_ep_transport(resolve_ep_transport(cfg.ep_transport), cfg.ep_capacity_factor or None)
+            except ValueError as e:
+                _fail(f"{e} (here: set --mega_moe.ep_transport symm_mem or --mega_moe.ep_capacity_factor 0)")
             if (recipe.quantized() or recipe.quantized(backward=True)) and backend == "reference":
                 _fail(f"precision={cfg.precision!r} with expert parallelism (expert_parallel_degree="
                       f"{parallel_dims.ep}) runs on the Triton kernels only (the reference backend's FP8 emulation "
