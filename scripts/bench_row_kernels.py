@@ -11,6 +11,10 @@
    kernel of the pair alone; every variant checked bitwise against the single kernel (real rows and real
    tiles; "WRONG" and not timed otherwise). Times with and without CUDA graphs (the launcher's host work
    between the timing events).
+4. The weight quantizer (`quantize.quantize_weight_pair`: W and W^T in e4m3 from one read of each 128x128
+   block) at the Qwen3 and Mixtral expert shapes, bf16 and fp32 weights, for each launch shape (warps,
+   blocks per program: `_WEIGHT_WARPS`, `_WEIGHT_COL_BLOCKS`); every variant's four outputs checked
+   bitwise against `quant.quantize_weight` first ("WRONG" and not timed otherwise).
 
 Times are `triton.testing.do_bench` medians in microseconds. Writes JSON (environment, rows) to --out.
 
@@ -20,6 +24,7 @@ Times are `triton.testing.do_bench` medians in microseconds. Writes JSON (enviro
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -31,6 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import environment, result_path  # noqa: E402
 
 COPY_SHAPES = [(16384, 2048, 128, 8), (16384, 4096, 128, 8), (8192, 4096, 8, 2), (512, 2048, 128, 8)]  # T, D, E, K
+WEIGHT_SHAPES = [("30b w1", 128, 768, 2048), ("30b w2", 128, 2048, 768), ("235b w1", 128, 1536, 4096),
+                 ("235b w2", 128, 4096, 1536), ("mixtral w1", 8, 14336, 4096)]  # name, E, R, C
+WEIGHT_VARIANTS = [(4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 1), (16, 2)]  # warps, blocks per program
 DSWIGLU_SHAPES = [(131072, 768), (131072, 1536), (16384, 14336), (4096, 768)]  # N, H
 
 
@@ -183,11 +191,52 @@ def bench_fp8_dswiglu(do_bench):
     return rows
 
 
+def bench_weight_quant(do_bench):
+    from titan_megamoe import quant
+    from titan_megamoe.kernels import quantize as m
+
+    defaults = (m._WEIGHT_WARPS, m._WEIGHT_COL_BLOCKS)
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for name, E, R, C in WEIGHT_SHAPES:
+            # per-block magnitudes spread over 2^-20 .. 2^12, so the scales differ block to block
+            w = (torch.randn(E, R, C, device="cuda") *
+                 torch.exp2(torch.randint(-20, 12, (E, R // 128, 1, C // 128, 1), device="cuda").float())
+                 .expand(E, R // 128, 128, C // 128, 128).reshape(E, R, C)).to(dtype)
+            ref = quant.quantize_weight(w), quant.quantize_weight(w.transpose(-2, -1).contiguous())
+            nbytes = E * R * C * (w.element_size() + 2) + 2 * E * (R // 128) * (C // 128) * 4
+            for warps, cb in WEIGHT_VARIANTS:
+                r = {"weight": name, "E": E, "R": R, "C": C, "dtype": str(dtype).replace("torch.", ""),
+                     "warps": warps, "col_blocks": cb, "bytes": nbytes}
+                m._WEIGHT_WARPS, m._WEIGHT_COL_BLOCKS = warps, cb
+                try:
+                    got = m.quantize_weight_pair(w)
+                    bad = [f"{which}.{part}" for which, g, want in zip(("W", "Wt"), got, ref)
+                           for part in ("data", "scale")
+                           if not torch.equal(getattr(g, part).view(torch.uint8), getattr(want, part).view(torch.uint8))]
+                    del got
+                    if bad:
+                        r.update(status="WRONG", mismatched=bad)
+                    else:
+                        run = functools.partial(m.quantize_weight_pair, w)
+                        r.update(status="ok", us=do_bench(run, warmup=10, rep=100) * 1e3)
+                        r["gb_per_s"] = nbytes / (r["us"] * 1e-6) / 1e9
+                except Exception as e:  # noqa: BLE001 (one variant's compile failure must not stop the others)
+                    r["status"] = f"error {type(e).__name__}: {str(e)[:300]}"
+                finally:
+                    m._WEIGHT_WARPS, m._WEIGHT_COL_BLOCKS = defaults
+                rows.append(r)
+                timing = f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s)" if "us" in r else r["status"]
+                print(f"weight quant {name} {r['dtype']} {warps}w x{cb}: {timing}", flush=True)
+            del w, ref
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--sections", nargs="+", default=["copies", "dswiglu_rows", "fp8_dswiglu"],
-                    choices=["copies", "dswiglu_rows", "fp8_dswiglu"])
+                    choices=["copies", "dswiglu_rows", "fp8_dswiglu", "weight_quant"])
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_row_kernels.py needs a CUDA GPU")
@@ -195,7 +244,7 @@ def main():
 
     torch.manual_seed(0)
     sections = {"copies": ("sorted_copies", bench_copies), "dswiglu_rows": ("dswiglu_rows", bench_dswiglu_rows),
-                "fp8_dswiglu": ("fp8_dswiglu", bench_fp8_dswiglu)}
+                "fp8_dswiglu": ("fp8_dswiglu", bench_fp8_dswiglu), "weight_quant": ("weight_quant", bench_weight_quant)}
     result = {"environment": environment()}
     for name in a.sections:
         key, fn = sections[name]
