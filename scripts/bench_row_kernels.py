@@ -13,7 +13,7 @@
    between the timing events).
 4. The weight quantizer (`quantize.quantize_weight_pair`: W and W^T in e4m3 from one read of each 128x128
    block) at the Qwen3 and Mixtral expert shapes, bf16 and fp32 weights, for each launch shape (warps,
-   blocks per program: `_WEIGHT_WARPS`, `_WEIGHT_COL_BLOCKS`); every variant's four outputs checked
+   blocks per program: `_WEIGHT_LAUNCH`); every variant's four outputs checked
    bitwise against `quant.quantize_weight` first ("WRONG" and not timed otherwise).
 
 Times are `triton.testing.do_bench` medians in microseconds. Writes JSON (environment, rows) to --out.
@@ -195,7 +195,7 @@ def bench_weight_quant(do_bench):
     from titan_megamoe import quant
     from titan_megamoe.kernels import quantize as m
 
-    defaults = (m._WEIGHT_WARPS, m._WEIGHT_COL_BLOCKS)
+    defaults = dict(m._WEIGHT_LAUNCH)
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         for name, E, R, C in WEIGHT_SHAPES:
@@ -208,7 +208,7 @@ def bench_weight_quant(do_bench):
             for warps, cb in WEIGHT_VARIANTS:
                 r = {"weight": name, "E": E, "R": R, "C": C, "dtype": str(dtype).replace("torch.", ""),
                      "warps": warps, "col_blocks": cb, "bytes": nbytes}
-                m._WEIGHT_WARPS, m._WEIGHT_COL_BLOCKS = warps, cb
+                m._WEIGHT_LAUNCH = {dtype: (warps, cb)}
                 try:
                     got = m.quantize_weight_pair(w)
                     bad = [f"{which}.{part}" for which, g, want in zip(("W", "Wt"), got, ref)
@@ -224,7 +224,7 @@ def bench_weight_quant(do_bench):
                 except Exception as e:  # noqa: BLE001 (one variant's compile failure must not stop the others)
                     r["status"] = f"error {type(e).__name__}: {str(e)[:300]}"
                 finally:
-                    m._WEIGHT_WARPS, m._WEIGHT_COL_BLOCKS = defaults
+                    m._WEIGHT_LAUNCH = dict(defaults)
                 rows.append(r)
                 timing = f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s)" if "us" in r else r["status"]
                 print(f"weight quant {name} {r['dtype']} {warps}w x{cb}: {timing}", flush=True)

@@ -126,18 +126,19 @@ def test_quantize_weight_pair_matches_quant(dtype, shape):
     assert bool((b == 0x80).any()) and bool(((b & 0x78) == 0).logical_and((b & 0x07) != 0).any())
 
 
-@pytest.mark.parametrize("col_blocks", [2, 4])
-def test_quantize_weight_pair_several_blocks_per_program(monkeypatch, col_blocks):
-    """The launch shape's knob (blocks per program along C) changes no bit; a C whose block count it does not
+@pytest.mark.parametrize("launch", [(4, 1), (8, 2), (8, 4)])
+def test_quantize_weight_pair_launch_shapes_change_no_bit(monkeypatch, launch):
+    """The launch shape (warps, blocks per program along C) changes no bit; a C whose block count it does not
     divide falls back to fewer blocks per program (3 blocks: 1)."""
     from titan_megamoe.kernels import quantize as q
-    monkeypatch.setattr(q, "_WEIGHT_COL_BLOCKS", col_blocks)
-    for shape in [(2, 128, 512), (1, 256, 384)]:
-        w = _hard_values(shape, torch.bfloat16, seed=7)
+    monkeypatch.setattr(q, "_WEIGHT_LAUNCH", {torch.bfloat16: launch, torch.float32: launch})
+    for shape, dtype in [((2, 128, 512), torch.bfloat16), ((1, 256, 384), torch.bfloat16), ((1, 128, 512), torch.float32)]:
+        w = _hard_values(shape, dtype, seed=7)
         W, Wt = quantize_weight_pair(w.to(DEVICE))
-        _assert_bitwise(W, quant.quantize_weight(w), f"W {shape} x{col_blocks}")
-        _assert_bitwise(Wt, quant.quantize_weight(w.transpose(-2, -1).contiguous()), f"W^T {shape} x{col_blocks}")
-    assert q._weight_col_blocks(3) == 1 and q._weight_col_blocks(8) == col_blocks
+        _assert_bitwise(W, quant.quantize_weight(w), f"W {shape} {launch}")
+        _assert_bitwise(Wt, quant.quantize_weight(w.transpose(-2, -1).contiguous()), f"W^T {shape} {launch}")
+    assert q._weight_launch(torch.bfloat16, 3) == (launch[0], 1)
+    assert q._weight_launch(torch.bfloat16, 8) == launch
 
 
 def test_quantize_weight_pair_strided_and_empty():
@@ -301,6 +302,7 @@ def test_every_output_element_is_written(monkeypatch):
 
 _SM90_QUANTIZERS = r"""
 import json, sys
+import torch
 sys.path.insert(0, "scripts")
 from sm90_resources import compile_sm90
 from titan_megamoe.kernels import quantize as q
@@ -322,21 +324,21 @@ jobs = {
                            dict(tiles, GATHER=False, COL_BLOCKS=2, WITH_TILES=True, WITH_ROWS=False),
                            q._TOKEN_TILE_WARPS),
     "weight pair fp32 W": (q._quantize_weight_pair_kernel, dict(weight_sig, w_ptr="*fp32"),
-                           dict(WRITE_W=True, WRITE_WT=False, BLOCK=128, COL_BLOCKS=q._WEIGHT_COL_BLOCKS,
-                                INTERPRET=False), q._WEIGHT_WARPS),
+                           dict(WRITE_W=True, WRITE_WT=False, BLOCK=128, COL_BLOCKS=q._WEIGHT_LAUNCH[torch.float32][1],
+                                INTERPRET=False), q._WEIGHT_LAUNCH[torch.float32][0]),
     "weight pair fp32 W^T": (q._quantize_weight_pair_kernel, dict(weight_sig, w_ptr="*fp32"),
-                             dict(WRITE_W=False, WRITE_WT=True, BLOCK=128, COL_BLOCKS=q._WEIGHT_COL_BLOCKS,
-                                  INTERPRET=False), q._WEIGHT_WARPS),
+                             dict(WRITE_W=False, WRITE_WT=True, BLOCK=128, COL_BLOCKS=q._WEIGHT_LAUNCH[torch.float32][1],
+                                  INTERPRET=False), q._WEIGHT_LAUNCH[torch.float32][0]),
     "token tiles": (q._quantize_token_tiles_kernel, tiles_sig,
                     dict(tiles, COL_BLOCKS=2, WITH_TILES=True, WITH_ROWS=False), q._TOKEN_TILE_WARPS),
     "rows + tiles": (q._quantize_token_tiles_kernel, tiles_sig,
                      dict(tiles, COL_BLOCKS=1, WITH_TILES=True, WITH_ROWS=True), q._TOKEN_TILE_WARPS),
     "weight pair": (q._quantize_weight_pair_kernel, weight_sig,
-                    dict(WRITE_W=True, WRITE_WT=True, BLOCK=128, COL_BLOCKS=q._WEIGHT_COL_BLOCKS, INTERPRET=False),
-                    q._WEIGHT_WARPS),
+                    dict(WRITE_W=True, WRITE_WT=True, BLOCK=128, COL_BLOCKS=q._WEIGHT_LAUNCH[torch.bfloat16][1],
+                         INTERPRET=False), q._WEIGHT_LAUNCH[torch.bfloat16][0]),
     "weight W^T": (q._quantize_weight_pair_kernel, weight_sig,
-                   dict(WRITE_W=False, WRITE_WT=True, BLOCK=128, COL_BLOCKS=q._WEIGHT_COL_BLOCKS, INTERPRET=False),
-                   q._WEIGHT_WARPS),
+                   dict(WRITE_W=False, WRITE_WT=True, BLOCK=128, COL_BLOCKS=q._WEIGHT_LAUNCH[torch.bfloat16][1],
+                        INTERPRET=False), q._WEIGHT_LAUNCH[torch.bfloat16][0]),
 }
 print(json.dumps({name: compile_sm90(fn, sig, const, set(), warps, 1)["usage"]
                   for name, (fn, sig, const, warps) in jobs.items()}))

@@ -142,18 +142,20 @@ def _quantize_weight_pair_kernel(
             tl.store(scale_t_ptr + blocks + col_block * n_row_blocks + row_block, scale)
 
 
-# Launch shape of the weight quantizer (bench_row_kernels.py --sections weight_quant times the choices on
-# the GPU, every variant checked bitwise first): warps per program, 128x128 blocks per program (along C;
-# the largest of these that divides C / 128 is used).
-_WEIGHT_WARPS = 8
-_WEIGHT_COL_BLOCKS = 1
+# Launch shape of the weight quantizer per input dtype: (warps, 128x128 blocks per program along C; the
+# largest power of two up to it that divides C / 128 is used). Timed on the H200 at the Qwen3-30B-A3B,
+# 235B-A22B and Mixtral expert shapes (`bench_row_kernels.py --sections weight_quant`,
+# results/bench_row_kernels_20261205T042256.json; every variant bitwise quant.quantize_weight first):
+# bf16 30B w1 540 us at (8, 1) -> 462 us at (8, 4); fp32 (two passes, W then W^T) 700 -> 543 us at (4, 2).
+# bf16 at (4, 2) spills and runs at 118 GB/s: the knob is per dtype for that reason.
+_WEIGHT_LAUNCH = {torch.bfloat16: (8, 4), torch.float32: (4, 2)}
 
 
-def _weight_col_blocks(n_col_blocks: int) -> int:
-    cb = _WEIGHT_COL_BLOCKS
+def _weight_launch(dtype: torch.dtype, n_col_blocks: int) -> tuple[int, int]:
+    warps, cb = _WEIGHT_LAUNCH[dtype]
     while n_col_blocks % cb:
         cb //= 2
-    return max(cb, 1)
+    return warps, max(cb, 1)
 
 
 def quantize_weight_pair(w_ERC: torch.Tensor) -> tuple[BlockScaled, BlockScaled]:
@@ -194,12 +196,12 @@ def _quantize_weight(where: str, w_ERC: torch.Tensor, want_w: bool):
     if E * R * C:
         passes = [(want_w, True)] if w.dtype == torch.bfloat16 or not want_w else [(True, False), (False, True)]
         for write_w, write_wt in passes:
-            cb = _weight_col_blocks(C // BLOCK)
+            warps, cb = _weight_launch(w.dtype, C // BLOCK)
             launch(
                 _quantize_weight_pair_kernel, (C // BLOCK // cb, R // BLOCK, E),
                 w, data, scale, data_t, scale_t, R, C, w.stride(0), w.stride(1), w.stride(2),
                 WRITE_W=write_w, WRITE_WT=write_wt, BLOCK=BLOCK, COL_BLOCKS=cb, INTERPRET=INTERPRET,
-                num_warps=_WEIGHT_WARPS,
+                num_warps=warps,
             )
     if two_d:
         data, scale, data_t, scale_t = data[0], scale[0], data_t[0], scale_t[0]
