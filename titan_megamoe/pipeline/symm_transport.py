@@ -179,9 +179,10 @@ def _sizes(r) -> tuple[int, int, int, int]:
             n = r.send_order_N.numel()
             r.cache["sizes"] = (r.capacity, r.capacity, n, n)
         else:
-            received = [sum(col) for col in zip(*r.counts)]
+            received = [sum(col) for col in zip(*r.counts)]  # per rank: counts[s][q] rows s sends to q
             sent = [sum(row) for row in r.counts]
-            r.cache["sizes"] = (r.num_received, max(received), sum(r.send_splits), max(sent))
+            me = dist.get_rank(r.group)
+            r.cache["sizes"] = (received[me], max(received), sent[me], max(sent))
     return r.cache["sizes"]
 
 

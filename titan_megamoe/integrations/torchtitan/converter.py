@@ -58,11 +58,12 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
                   f"mega_moe yet (TorchTitan's expert TP style expects stock GroupedExperts' inputs); use "
                   f"tensor_parallel_degree=1 or mega_moe.enable=false")
         if parallel_dims.ep > 1:
-            if resolve_ep_transport(cfg.ep_transport) == "symm_mem" and backend == "reference":
+            transport = resolve_ep_transport(cfg.ep_transport)
+            if transport == "symm_mem" and backend == "reference":
                 _fail("ep_transport='symm_mem' runs the Triton backend; the reference backend moves rows by "
                       "all-to-all: set --mega_moe.ep_transport all_to_all (or auto)")
             try:
-                check_ep_transport(resolve_ep_transport(cfg.ep_transport), cfg.ep_capacity_factor or None)
+                check_ep_transport(transport, cfg.ep_capacity_factor or None)
             except ValueError as e:
                 _fail(f"{e} (here: set --mega_moe.ep_transport symm_mem or --mega_moe.ep_capacity_factor 0)")
             if (recipe.quantized() or recipe.quantized(backward=True)) and backend == "reference":
