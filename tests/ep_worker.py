@@ -1,14 +1,18 @@
-"""One rank of the expert-parallel checks in tests/test_ep.py (run as a subprocess per rank, gloo on CPU,
-or NCCL with one GPU per rank).
+"""The ranks of the expert-parallel checks in tests/test_ep.py (one subprocess per rank: gloo on CPU, or
+NCCL with one GPU per rank).
 
-Every rank builds the same global problem, runs the EP op on its own tokens and experts, and compares
-against the single-process op on all tokens: the output, dx and the score gradient of its tokens, and the
-weight gradients of its experts. Prints one line "rank R ok ..." on success.
+One process group runs several EP calls on one global problem (`--runs`: backend/transport/precision/
+capacity per run). Every rank builds the same problem and runs each call on its own tokens and experts;
+rank 0 then gathers every rank's output, dx, score gradient and expert weight gradients and compares them
+with the single-process op on all tokens, computed once per backend and precision on rank 0 only (on CPU
+the single-process op in Triton's interpreter costs as much as all ranks' EP calls together: computing
+it on every rank was most of these tests' time). Rank 0 prints "rank R ok ..." per rank and run.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 
@@ -17,6 +21,19 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from moe_cases import forward_backward, make_case  # noqa: E402
+
+TRANSPORTS = ("all_to_all", "symm_mem")
+PRECISIONS = ("bf16", "fp8", "fp8_bwd")
+
+
+def parse_run(spec: str) -> dict:
+    """`backend:transport:precision[:capacity_factor]`, e.g. `triton:symm_mem:bf16:2.0`."""
+    parts = spec.split(":")
+    if len(parts) not in (3, 4) or parts[0] not in ("triton", "reference") or parts[1] not in TRANSPORTS \
+            or parts[2] not in PRECISIONS:
+        raise SystemExit(f"bad run {spec!r}: want backend:transport:precision[:capacity_factor]")
+    return {"backend": parts[0], "transport": parts[1], "precision": parts[2],
+            "capacity": float(parts[3]) if len(parts) == 4 else None}
 
 
 def ids_for(routing: str, ids: torch.Tensor, E: int, ep: int) -> torch.Tensor:
@@ -32,8 +49,6 @@ def check_capacity_errors(op, mine, dout, el: int, rank: int, got: dict) -> None
     """With a capacity factor, the two device-side checks stop the call (on every rank, before any row
     moves): a rank that would receive more rows than the factor allows, and ranks routing different
     numbers of rows. Afterwards the buffers still serve a good call."""
-    import copy
-
     hot = copy.copy(mine)
     hot.ids = mine.ids % el  # every row to rank 0's experts: EP x the rows a rank routes
     try:
@@ -55,19 +70,63 @@ def check_capacity_errors(op, mine, dout, el: int, rank: int, got: dict) -> None
         assert torch.equal(again[name], g), f"rank {rank} {name}: the call after the errors differs"
 
 
+def run_ep(run: dict, case, dout, rank: int, ep: int) -> dict:
+    """This rank's EP call (twice under symm_mem: the second reuses the buffers and must repeat the first)."""
+    import titan_megamoe
+
+    E = case.w1.shape[0]
+    T = case.x.shape[0]
+    bounds = [T * r // ep for r in range(ep + 1)]  # an uneven split when T is not a multiple of ep
+    tok = slice(bounds[rank], bounds[rank + 1])
+    el = E // ep
+    exp = slice(rank * el, (rank + 1) * el)
+    mine = copy.copy(case)
+    mine.x, mine.ids, mine.scores = case.x[tok], case.ids[tok], case.scores[tok]
+    mine.w1, mine.w2, mine.w3 = case.w1[exp], case.w2[exp], case.w3[exp]
+    op = lambda *t, cf=run["capacity"]: titan_megamoe.moe(  # noqa: E731
+        *t, backend=run["backend"], precision=run["precision"], ep_group=dist.group.WORLD,
+        ep_transport=run["transport"], ep_capacity_factor=cf)
+    got = forward_backward(op, mine, dout[tok])
+    if run["transport"] == "symm_mem":
+        again = forward_backward(op, mine, dout[tok])
+        for name, g in got.items():
+            assert torch.equal(again[name], g), f"rank {rank} {name}: a second call differs"
+    if run["capacity"] is not None:
+        check_capacity_errors(op, mine, dout[tok], el, rank, got)
+    return {name: g.cpu() for name, g in got.items()}
+
+
+def compare(run: dict, label: str, got_by_rank: list[dict], whole: dict, case, ep: int) -> None:
+    """Rank 0: every rank's results against its slice of the single-process op on all tokens."""
+    T, E = case.x.shape[0], case.w1.shape[0]
+    el = E // ep
+    for rank, got in enumerate(got_by_rank):
+        tok = slice(T * rank // ep, T * (rank + 1) // ep)
+        exp = slice(rank * el, (rank + 1) * el)
+        want = {"out": whole["out"][tok], "dx": whole["dx"][tok], "dscores": whole["dscores"][tok],
+                "dw1": whole["dw1"][exp], "dw2": whole["dw2"][exp], "dw3": whole["dw3"][exp]}
+        for name, ref in want.items():
+            g, where = got[name], f"{label}: rank {rank} {name}"
+            assert g.shape == ref.shape, f"{where}: shape {tuple(g.shape)} != {tuple(ref.shape)}"
+            if run["backend"] == "triton":  # same kernels, same row order per expert: bitwise the single-GPU result
+                assert torch.equal(g, ref), f"{where}: max diff {(g.float() - ref.float()).abs().max():.3e}"
+            else:
+                torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6, msg=where)
+        received = int((case.ids.reshape(-1) // el == rank).sum())
+        print(f"rank {rank} ok [{label}]: {tok.stop - tok.start} tokens, {received} rows received", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", choices=["reference", "triton"])
-    ap.add_argument("--shape", nargs=5, type=int, metavar=("T", "D", "H", "E", "K"))
+    ap.add_argument("--shape", nargs=5, type=int, metavar=("T", "D", "H", "E", "K"), required=True)
     ap.add_argument("--routing", default="random")
-    ap.add_argument("--transport", default="all_to_all", choices=["all_to_all", "symm_mem"])
-    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8", "fp8_bwd"])
-    ap.add_argument("--capacity-factor", type=float, default=None,
-                    help="symm_mem without the host sync; then also checks the errors of a too small factor "
-                         "and of ranks routing different numbers of rows")
+    ap.add_argument("--runs", nargs="+", type=parse_run, required=True,
+                    help="backend:transport:precision[:capacity_factor] per EP call; a capacity factor "
+                         "(symm_mem without the host sync) also checks the errors of a too small factor and "
+                         "of ranks routing different numbers of rows")
     a = ap.parse_args()
     rank, ep = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = torch.cuda.is_available() and a.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1"
+    cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
     if cuda:
         torch.cuda.set_device(rank)
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -76,45 +135,28 @@ def main():
     import titan_megamoe
 
     T, D, H, E, K = a.shape
-    dtype = torch.float32 if a.backend == "reference" else torch.bfloat16
-    case = make_case(T, D, H, E, K, "skewed" if a.routing == "mostly_last" else "random", dtype=dtype, device=device,
-                     seed=T + E)
-    case.ids = ids_for(a.routing, case.ids, E, ep)
-    dout = torch.randn(T, D, generator=torch.Generator().manual_seed(7)).to(device=device, dtype=dtype)
-    whole = forward_backward(lambda *t: titan_megamoe.moe(*t, backend=a.backend, precision=a.precision), case, dout)
-
-    # this rank's tokens (an uneven split when T is not a multiple of ep) and experts
-    bounds = [T * r // ep for r in range(ep + 1)]
-    tok = slice(bounds[rank], bounds[rank + 1])
-    el = E // ep
-    exp = slice(rank * el, (rank + 1) * el)
-    mine = make_case(1, D, H, E, K, dtype=dtype, device=device)
-    mine.x, mine.ids, mine.scores = case.x[tok], case.ids[tok], case.scores[tok]
-    mine.w1, mine.w2, mine.w3 = case.w1[exp], case.w2[exp], case.w3[exp]
-    group = dist.group.WORLD
-    op = lambda *t, cf=a.capacity_factor: titan_megamoe.moe(  # noqa: E731
-        *t, backend=a.backend, precision=a.precision, ep_group=group, ep_transport=a.transport,
-        ep_capacity_factor=cf)
-    got = forward_backward(op, mine, dout[tok])
-    if a.transport == "symm_mem":
-        # a second call reuses the buffers (epochs and counters go on from the first): the same result
-        again = forward_backward(op, mine, dout[tok])
-        for name, g in got.items():
-            assert torch.equal(again[name], g), f"rank {rank} {name}: a second call differs"
-
-    want = {"out": whole["out"][tok], "dx": whole["dx"][tok], "dscores": whole["dscores"][tok],
-            "dw1": whole["dw1"][exp], "dw2": whole["dw2"][exp], "dw3": whole["dw3"][exp]}
-    for name, ref in want.items():
-        g = got[name]
-        assert g.shape == ref.shape, f"rank {rank} {name}: shape {tuple(g.shape)} != {tuple(ref.shape)}"
-        if a.backend == "triton":  # same kernels, same row order per expert: bitwise the single-GPU result
-            assert torch.equal(g, ref), f"rank {rank} {name}: max diff {(g.float() - ref.float()).abs().max():.3e}"
-        else:
-            torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
-    if a.capacity_factor is not None:
-        check_capacity_errors(op, mine, dout[tok], el, rank, got)
-    received = sum(int(n) for n in torch.bincount(case.ids.reshape(-1) // el, minlength=ep)[rank:rank + 1])
-    print(f"rank {rank} ok: {tok.stop - tok.start} tokens, {received} rows received", flush=True)
+    cases, wholes = {}, {}
+    for run in a.runs:
+        label = ":".join(str(v) for v in run.values() if v is not None)
+        dtype = torch.float32 if run["backend"] == "reference" else torch.bfloat16
+        if dtype not in cases:
+            case = make_case(T, D, H, E, K, "skewed" if a.routing == "mostly_last" else "random", dtype=dtype,
+                             device=device, seed=T + E)
+            case.ids = ids_for(a.routing, case.ids, E, ep)
+            dout = torch.randn(T, D, generator=torch.Generator().manual_seed(7)).to(device=device, dtype=dtype)
+            cases[dtype] = (case, dout)
+        case, dout = cases[dtype]
+        got = run_ep(run, case, dout, rank, ep)
+        got_by_rank = [None] * ep if rank == 0 else None
+        dist.gather_object(got, got_by_rank, dst=0)
+        if rank == 0:
+            key = (run["backend"], run["precision"])
+            if key not in wholes:
+                wholes[key] = {n: t.cpu() for n, t in forward_backward(
+                    lambda *t: titan_megamoe.moe(*t, backend=run["backend"], precision=run["precision"]),
+                    case, dout).items()}
+            compare(run, label, got_by_rank, wholes[key], case, ep)
+    dist.barrier()  # the other ranks wait for rank 0's comparisons, so a failure there ends the job first
     dist.destroy_process_group()
     if not cuda:
         from titan_megamoe.integrations.torchtitan.cpu import exit_skipping_teardown

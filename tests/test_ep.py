@@ -1,8 +1,8 @@
 """Expert parallelism, both transports: EP ranks against the single-process op on all tokens.
 
-Each case starts one process per rank (tests/ep_worker.py does the work and the comparison): with a GPU per
-rank, NCCL and the compiled kernels; otherwise gloo on CPU with the kernels in Triton's interpreter (also
-on a GPU host with fewer GPUs than ranks). The Triton backend must give bitwise the single-GPU result (each
+Each problem starts one process per rank (tests/ep_worker.py does the work, rank 0 the comparison): with a
+GPU per rank, NCCL and the compiled kernels; otherwise gloo on CPU with the kernels in Triton's interpreter
+(also on a GPU host with fewer GPUs than ranks). The Triton backend must give bitwise the single-GPU result (each
 expert sees its rows in the same order); the reference backend agrees to fp32 rounding.
 """
 
@@ -23,7 +23,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_ranks(ep: int, *args: str) -> list[str]:
+def _run_ranks(ep: int, *args: str) -> str:
+    """Run tests/ep_worker.py on `ep` ranks; rank 0's output (its comparisons of every rank)."""
     port = _free_port()
     procs = []
     gpus = torch.cuda.device_count()
@@ -44,61 +45,45 @@ def _run_ranks(ep: int, *args: str) -> list[str]:
                 q.kill()
             raise
         outs.append(out)
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {rank} failed:\n{out[-4000:]}"
-        assert f"rank {rank} ok" in out, out[-2000:]
-    return outs
+    failed = [f"rank {rank} failed (exit {p.returncode}):\n{out[-3000:]}"
+              for rank, (p, out) in enumerate(zip(procs, outs)) if p.returncode != 0]
+    assert not failed, "\n".join(failed)  # every failed rank: the first error may be on any of them
+    return outs[0]
 
 
-@pytest.mark.parametrize("backend", ["triton", "reference"])
-@pytest.mark.parametrize("ep,shape,routing", [
-    (2, (37, 32, 32, 8, 2), "random"),  # T not a multiple of the EP degree
-    (2, (24, 32, 48, 6, 3), "mostly_last"),  # one rank receives most rows
-    (2, (16, 32, 32, 4, 2), "rank0_only"),  # rank 1 receives no rows (its experts get no gradient rows)
-    (4, (29, 32, 32, 8, 2), "random"),
-])
-def test_expert_parallel_matches_single_process(backend, ep, shape, routing):
-    outs = _run_ranks(ep, "--backend", backend, "--shape", *map(str, shape), "--routing", routing)
+# One process group per problem runs every EP call listed for it (backend:transport:precision[:capacity
+# factor]); rank 0 compares each with the single-process op, computed once per backend and precision.
+A2A, A2A_REF, SYMM = "triton:all_to_all:bf16", "reference:all_to_all:bf16", "triton:symm_mem:bf16"
+EP_PROBLEMS = {
+    # T not a multiple of the EP degree
+    "ep2-T37-random": (2, (37, 32, 32, 8, 2), "random", (A2A, A2A_REF)),
+    # one rank receives most rows
+    "ep2-mostly_last": (2, (24, 32, 48, 6, 3), "mostly_last", (A2A, A2A_REF, SYMM)),
+    # rank 1 receives no rows (its experts get no gradient rows) but joins every exchange and barrier; with a
+    # capacity factor rank 0 receives exactly its capacity (2 x its rows)
+    "ep2-rank0_only": (2, (16, 32, 32, 4, 2), "rank0_only", (A2A, A2A_REF, SYMM, SYMM + ":2.0")),
+    # uneven counts between every pair of ranks; symm_mem with a capacity factor (no host sync: buffers from
+    # the bound, rows past the count padding), whose device-side checks stop a too small factor and ranks
+    # routing different numbers of rows, the buffers serving the next call
+    "ep4-random": (4, (32, 32, 32, 8, 2), "random", (A2A, A2A_REF, SYMM, SYMM + ":2.0")),
+    # block FP8: the received rows are quantized where they land, in the same expert-sorted order and token
+    # tiles as on one GPU; fp8_bwd's bf16 forward inside the GEMMs, its FP8 backward by whole exchanges
+    "ep2-fp8": (2, (24, 128, 128, 4, 2), "mostly_last", ("triton:all_to_all:fp8", "triton:symm_mem:fp8_bwd:2.0")),
+}
+
+
+@pytest.mark.parametrize("name", list(EP_PROBLEMS))
+def test_expert_parallel_matches_single_process(name):
+    """Every EP call of the problem: the Triton backend bitwise the single-process op (each expert sees its
+    rows in the same order), the reference backend to fp32 rounding; under symm_mem each call twice in a row
+    (the second reuses the buffers: epochs and counters go on from the first)."""
+    ep, shape, routing, runs = EP_PROBLEMS[name]
+    out = _run_ranks(ep, "--shape", *map(str, shape), "--routing", routing, "--runs", *runs)
+    for run in runs:
+        for rank in range(ep):
+            assert f"rank {rank} ok [{run}]" in out, out[-3000:]
     if routing == "rank0_only":
-        assert "0 rows received" in outs[1]
-
-
-@pytest.mark.parametrize("ep,shape,routing", [
-    (4, (29, 32, 32, 8, 2), "random"),  # uneven counts between every pair of ranks
-    (2, (16, 32, 32, 4, 2), "rank0_only"),  # a rank that receives nothing still joins every barrier
-    (2, (24, 32, 48, 6, 3), "mostly_last"),  # one rank receives most rows
-])
-def test_symmetric_memory_transport_matches_single_process(ep, shape, routing):
-    """The symmetric-memory transport: bitwise the single-process op, like the all-to-all (on CPU its
-    shared-memory stand-in with gloo barriers; with a GPU per rank, torch symmetric memory)."""
-    outs = _run_ranks(ep, "--backend", "triton", "--shape", *map(str, shape), "--routing", routing,
-                      "--transport", "symm_mem")
-    if routing == "rank0_only":
-        assert "0 rows received" in outs[1]
-
-
-@pytest.mark.parametrize("ep,shape,routing", [
-    (4, (32, 32, 32, 8, 2), "random"),
-    (2, (16, 32, 32, 4, 2), "rank0_only"),  # rank 0 receives exactly its capacity (2 x its rows), rank 1 none
-])
-def test_symmetric_memory_with_capacity_matches_single_process(ep, shape, routing):
-    """symm_mem with ep_capacity_factor (no host sync; buffers from the bound, rows past the count
-    padding): bitwise the single-process op; a too small factor and ranks routing different numbers of
-    rows stop the call with their errors on every rank, and the buffers serve the next call."""
-    _run_ranks(ep, "--backend", "triton", "--shape", *map(str, shape), "--routing", routing,
-               "--transport", "symm_mem", "--capacity-factor", "2.0")
-
-
-@pytest.mark.parametrize("precision,transport,capacity", [
-    ("fp8", "all_to_all", None),
-    ("fp8_bwd", "symm_mem", "2.0"),  # the bf16 forward inside the GEMMs, the FP8 backward by whole exchanges
-])
-def test_block_fp8_under_expert_parallelism_matches_single_process(precision, transport, capacity):
-    """Block FP8 under EP: the received rows are quantized where they land, in the same expert-sorted order
-    and token tiles as on one GPU, so the result is bitwise the single-process FP8 op."""
-    args = ["--backend", "triton", "--shape", "24", "128", "128", "4", "2", "--routing", "mostly_last",
-            "--transport", transport, "--precision", precision]
-    _run_ranks(2, *args, *(["--capacity-factor", capacity] if capacity else []))
+        assert f"rank 1 ok [{A2A}]: 8 tokens, 0 rows received" in out, out[-3000:]
 
 
 def test_ep_transport_errors_name_the_choices():

@@ -150,8 +150,9 @@ def row_block_m(fp8: bool = False) -> int:
 
 @functools.lru_cache(maxsize=1)
 def _tuned_table() -> dict:
-    if not TABLE_PATH.exists():
-        return {}
+    if not TABLE_PATH.exists():  # an install without the package data: stop rather than run untuned tiles
+        raise RuntimeError(f"titan-megamoe's shipped tile table {TABLE_PATH} is missing from this install; "
+                           f"reinstall titan-megamoe (its wheel carries kernels/tuned_configs.json)")
     return json.loads(TABLE_PATH.read_text())["configs"]
 
 
