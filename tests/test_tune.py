@@ -19,10 +19,19 @@ SHAPE = (128, 128, 4, 2, 64)
 DEVICE = search.interpreter_device()
 
 
-def test_tune_writes_checked_winners_and_resumes(tmp_path):
-    out = tmp_path / "tiles.json"
+@pytest.fixture(scope="module")
+def gemm2_tuned(tmp_path_factory):
+    """One full fp8 gemm2 tune at SHAPE (every candidate run and checked): (table file, returned table, lines)."""
+    out = tmp_path_factory.mktemp("tune") / "tiles.json"
     lines = []
     table = search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device=DEVICE, say=lines.append)
+    return out, table, lines
+
+
+def test_tune_writes_checked_winners_and_resumes(gemm2_tuned, tmp_path):
+    first, table, lines = gemm2_tuned
+    out = tmp_path / "tiles.json"
+    out.write_text(first.read_text())
     runs = [r for r in table["runs"] if r["kernel"] == "gemm2"]
     n = len(candidates.for_kernel("gemm2", "fp8"))
     assert len(runs) == n and all("ms" in r and r["check"]["worst_error_vs_same_math"] <= FACTOR for r in runs)
@@ -105,11 +114,10 @@ def test_untuned_shapes_get_the_defaults_of_their_expert_size():
             configs._tuned_table()["bf16"]["4096x14336"][kernel])
 
 
-def test_resume_matches_records_written_before_a_field_was_added(tmp_path):
+def test_resume_matches_records_written_before_a_field_was_added(gemm2_tuned, tmp_path):
     """A table from before `group_m` existed: its candidates count as done, not run again."""
     out = tmp_path / "tiles.json"
-    search.tune(SHAPE, "fp8", ["gemm2"], out, budget_s=600, device=DEVICE, say=lambda _: None)
-    table = json.loads(out.read_text())
+    table = json.loads(gemm2_tuned[0].read_text())
     for r in table["runs"]:
         del r["config"]["group_m"]
     out.write_text(json.dumps(table))
