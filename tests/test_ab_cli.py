@@ -315,7 +315,7 @@ def test_interrupt_terminates_child(tmp_path):
 
 def _real_trainer_available():
     try:
-        import titan_megamoe.integrations.torchtitan.launch  # noqa: F401
+        import titan_megamoe.integrations.launch  # noqa: F401
     except ImportError:
         return False
     return cfg.DEFAULT_CONFIG in cfg.bundled_configs()

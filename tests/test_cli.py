@@ -32,3 +32,13 @@ def test_version_from_the_console_entry():
 def test_unknown_command(capsys):
     assert cli.main(["trian"]) == 2
     assert "unknown command 'trian'" in capsys.readouterr().err
+
+
+def test_the_launcher_does_not_import_torchtitan():
+    """`titan-megamoe train` checks `[mega_moe]` and starts torchrun without importing TorchTitan (~4 s a launch
+    on CPU when it did); the trainer processes import it."""
+    code = ("import sys, titan_megamoe.cli, titan_megamoe.integrations.launch as l; "
+            "l.check_before_launch({'mega_moe': {'enable': True}, 'training': {'steps': 1}}); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchtitan'))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr[-2000:]

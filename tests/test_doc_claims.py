@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from titan_megamoe.integrations.torchtitan import launch
+from titan_megamoe.integrations import launch
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from titan_megamoe.integrations.torchtitan import launch
-from titan_megamoe.integrations.torchtitan.config import MegaMoEConfigError, check_section
-from titan_megamoe.integrations.torchtitan.failure import first_error
+from titan_megamoe.integrations import launch
+from titan_megamoe.integrations.mega_moe_section import MegaMoEConfigError, check_section
+from titan_megamoe.integrations.failure import first_error
 from torchtitan.config import ConfigManager
 
 HEADER = '[job]\ncustom_config_module = "titan_megamoe.integrations.torchtitan.config"\n[mega_moe]\n'

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import titan_megamoe.integrations.torchtitan as tt
-from titan_megamoe.integrations.torchtitan import assets, cpu, launch, registry
+from titan_megamoe.integrations import assets, launch
+from titan_megamoe.integrations.torchtitan import cpu, registry
 from titan_megamoe.integrations.torchtitan.converter import MegaMoEConverter, set_sac_policy, swap_moe_layers
 from titan_megamoe.integrations.torchtitan.modules import MegaGroupedExperts, MegaMoE
 from torchtitan.config import ConfigManager

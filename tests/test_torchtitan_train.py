@@ -98,7 +98,8 @@ runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
 
 def test_plain_torchrun_torchtitan_train_with_config_lines(tmp_path):
     """`torchrun -m torchtitan.train --job.config_file X.toml`: the TOML's [job]/[experimental] lines suffice."""
-    from titan_megamoe.integrations.torchtitan import assets, cpu
+    from titan_megamoe.integrations import assets
+    from titan_megamoe.integrations.torchtitan import cpu
 
     script = tmp_path / "plain_torchtitan_train.py"
     script.write_text(PLAIN_TORCHTITAN.format(cpu=cpu.__file__))

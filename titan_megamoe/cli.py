@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "train":
-        from .integrations.torchtitan.launch import main as train_main
+        from .integrations.launch import main as train_main
 
         return train_main(rest)
     if command == "ab":

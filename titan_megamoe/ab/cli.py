@@ -232,7 +232,7 @@ def _warnings(record: dict, steps: int) -> list[str]:
 
 def _check_mega_moe(values: dict, arm: str) -> None:
     """The `[mega_moe]` values this arm would start with: a bad one is our one-line error, before any run."""
-    from ..integrations.torchtitan.config import MegaMoEConfigError, check_section
+    from ..integrations.mega_moe_section import MegaMoEConfigError, check_section
 
     section = values.get("mega_moe")
     if isinstance(section, dict):
@@ -254,7 +254,7 @@ def _divergence(record: dict) -> list[str]:
 
 def _failure_cause(result: ArmResult) -> str:
     """The first error in the arm's log (the trainer's own last line names it), else its log's tail."""
-    from ..integrations.torchtitan.failure import first_error
+    from ..integrations.failure import first_error
 
     try:
         cause = first_error(result.log_path.read_text(errors="replace"))

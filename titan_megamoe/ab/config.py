@@ -135,8 +135,10 @@ def _torchtitan_default(dotted: str) -> Any:
 
 
 def _mega_moe_default(dotted: str) -> Any:
-    """Our own `[mega_moe]` section's default."""
-    return _dataclass_default("titan_megamoe.integrations.torchtitan.config", dotted)
+    """Our own `[mega_moe]` section's default (its module imports no TorchTitan)."""
+    from ..integrations.mega_moe_section import MegaMoE
+
+    return getattr(MegaMoE(), dotted.split(".", 1)[1], None)
 
 
 def setting(values: dict, dotted: str) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import json
 
-from .assets import CORPUS_FILE, DATASET_NAME, TOKENIZER_VOCAB_SIZE
+from ..assets import CORPUS_FILE, DATASET_NAME, TOKENIZER_VOCAB_SIZE
 from .converter import CONVERTER_NAME, MegaMoEConverter
 
 

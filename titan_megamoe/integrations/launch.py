@@ -31,9 +31,9 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-from ...ab import config as ab_config
+from ..ab import config as ab_config
 from .assets import CONFIGS_DIR
-from .config import MegaMoEConfigError, check_section
+from .mega_moe_section import MegaMoEConfigError, check_section
 from .failure import first_error
 
 CUSTOM_IMPORT = "titan_megamoe.integrations.torchtitan"
