@@ -97,14 +97,14 @@ def test_whole_benchmark_on_a_tiny_case_writes_json_and_table(on_cpu, monkeypatc
     """main() end to end on CPU (kernels in the interpreter): correctness gate, every timing key the
     table and scripts/results_tables.py read, SAC variants, JSON written; nothing about speed."""
     bench = on_cpu
-    path, data = run_bench(bench, monkeypatch, tmp_path, {"tiny": (48, 64, 32, 4, 2, "skewed")},
+    path, data = run_bench(bench, monkeypatch, tmp_path, {"tiny": (24, 32, 32, 4, 2, "skewed")},
                            "--iters", "1", "--warmup", "0", "--rounds", "2", "--sac")
     out = capsys.readouterr().out
     assert "back-to-back" in out and "stock router" in out and "op-SAC" in out
     assert "[bench 1/1] tiny bf16: f+b" in out  # the per-case progress line
     (r,) = data["results"]
     assert r["rounds"] == 2 and max(r["rel_l2_vs_stock"].values()) < 5e-2
-    assert (r["T"], r["D"], r["H"], r["E"], r["K"], r["routing"], r["precision"]) == (48, 64, 32, 4, 2, "skewed", "bf16")
+    assert (r["T"], r["D"], r["H"], r["E"], r["K"], r["routing"], r["precision"]) == (24, 32, 32, 4, 2, "skewed", "bf16")
     assert "0.02/(e+1)" in r["routing_desc"] and 0 < r["rows_per_expert"]["top8_share"] <= 1
     for arm in ("stock", "fused", "fused_stock_router"):
         for kind in ("fwd", "fwdbwd", "fwd_b2b", "fwdbwd_b2b"):
