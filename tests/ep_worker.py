@@ -32,7 +32,7 @@ def parse_run(spec: str) -> dict:
     if len(parts) not in (3, 4) or parts[0] not in ("triton", "reference") or parts[1] not in TRANSPORTS \
             or parts[2] not in PRECISIONS:
         raise SystemExit(f"bad run {spec!r}: want backend:transport:precision[:capacity_factor]")
-    return {"backend": parts[0], "transport": parts[1], "precision": parts[2],
+    return {"label": spec, "backend": parts[0], "transport": parts[1], "precision": parts[2],
             "capacity": float(parts[3]) if len(parts) == 4 else None}
 
 
@@ -70,16 +70,18 @@ def check_capacity_errors(op, mine, dout, el: int, rank: int, got: dict) -> None
         assert torch.equal(again[name], g), f"rank {rank} {name}: the call after the errors differs"
 
 
+def rank_slices(T: int, E: int, rank: int, ep: int) -> tuple[slice, slice]:
+    """A rank's tokens (an uneven split when T is not a multiple of ep) and its experts."""
+    el = E // ep
+    return slice(T * rank // ep, T * (rank + 1) // ep), slice(rank * el, (rank + 1) * el)
+
+
 def run_ep(run: dict, case, dout, rank: int, ep: int) -> dict:
     """This rank's EP call (twice under symm_mem: the second reuses the buffers and must repeat the first)."""
     import titan_megamoe
 
     E = case.w1.shape[0]
-    T = case.x.shape[0]
-    bounds = [T * r // ep for r in range(ep + 1)]  # an uneven split when T is not a multiple of ep
-    tok = slice(bounds[rank], bounds[rank + 1])
-    el = E // ep
-    exp = slice(rank * el, (rank + 1) * el)
+    tok, exp = rank_slices(case.x.shape[0], E, rank, ep)
     mine = copy.copy(case)
     mine.x, mine.ids, mine.scores = case.x[tok], case.ids[tok], case.scores[tok]
     mine.w1, mine.w2, mine.w3 = case.w1[exp], case.w2[exp], case.w3[exp]
@@ -92,17 +94,16 @@ def run_ep(run: dict, case, dout, rank: int, ep: int) -> dict:
         for name, g in got.items():
             assert torch.equal(again[name], g), f"rank {rank} {name}: a second call differs"
     if run["capacity"] is not None:
-        check_capacity_errors(op, mine, dout[tok], el, rank, got)
+        check_capacity_errors(op, mine, dout[tok], E // ep, rank, got)
     return {name: g.cpu() for name, g in got.items()}
 
 
-def compare(run: dict, label: str, got_by_rank: list[dict], whole: dict, case, ep: int) -> None:
+def compare(run: dict, got_by_rank: list[dict], whole: dict, case, ep: int) -> None:
     """Rank 0: every rank's results against its slice of the single-process op on all tokens."""
     T, E = case.x.shape[0], case.w1.shape[0]
-    el = E // ep
+    label = run["label"]
     for rank, got in enumerate(got_by_rank):
-        tok = slice(T * rank // ep, T * (rank + 1) // ep)
-        exp = slice(rank * el, (rank + 1) * el)
+        tok, exp = rank_slices(T, E, rank, ep)
         want = {"out": whole["out"][tok], "dx": whole["dx"][tok], "dscores": whole["dscores"][tok],
                 "dw1": whole["dw1"][exp], "dw2": whole["dw2"][exp], "dw3": whole["dw3"][exp]}
         for name, ref in want.items():
@@ -112,7 +113,7 @@ def compare(run: dict, label: str, got_by_rank: list[dict], whole: dict, case, e
                 assert torch.equal(g, ref), f"{where}: max diff {(g.float() - ref.float()).abs().max():.3e}"
             else:
                 torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6, msg=where)
-        received = int((case.ids.reshape(-1) // el == rank).sum())
+        received = int((case.ids.reshape(-1) // (E // ep) == rank).sum())
         print(f"rank {rank} ok [{label}]: {tok.stop - tok.start} tokens, {received} rows received", flush=True)
 
 
@@ -137,7 +138,6 @@ def main():
     T, D, H, E, K = a.shape
     cases, wholes = {}, {}
     for run in a.runs:
-        label = ":".join(str(v) for v in run.values() if v is not None)
         dtype = torch.float32 if run["backend"] == "reference" else torch.bfloat16
         if dtype not in cases:
             case = make_case(T, D, H, E, K, "skewed" if a.routing == "mostly_last" else "random", dtype=dtype,
@@ -155,7 +155,7 @@ def main():
                 wholes[key] = {n: t.cpu() for n, t in forward_backward(
                     lambda *t: titan_megamoe.moe(*t, backend=run["backend"], precision=run["precision"]),
                     case, dout).items()}
-            compare(run, label, got_by_rank, wholes[key], case, ep)
+            compare(run, got_by_rank, wholes[key], case, ep)
     dist.barrier()  # the other ranks wait for rank 0's comparisons, so a failure there ends the job first
     dist.destroy_process_group()
     if not cuda:
