@@ -8,6 +8,10 @@ launch-bound stretches show up as such.
 
     python scripts/profile_layer.py --cases 30b-16k 30b-4k
     python scripts/profile_layer.py --cases 30b-16k --precision bf16,fp8 --no-stock
+
+`--ncu`: no torch.profiler (it and Nsight Compute both want the GPU's counters), just two warm-up calls
+and then one marked call of each arm and kind (`--iters` is ignored), for `scripts/ncu_layer.sh` to
+profile kernel by kernel.
 """
 
 from __future__ import annotations
@@ -86,6 +90,24 @@ def host_enqueue_ms(fn, iters: int) -> tuple[float, float]:
     return (t1 - t0) * 1e3 / iters, (t2 - t0) * 1e3 / iters
 
 
+def ncu_label(case: str, arm: str, kind: str) -> str:
+    """An NVTX range name ncu's --nvtx-include can match as is (no spaces, '/' or '+')."""
+    return f"{case}.{arm.replace(' ', '_')}.{kind.replace('+', '_')}"
+
+
+def ncu_call(fn, label: str) -> None:
+    """Two warm-up calls (compiles, caches), then the call Nsight Compute is meant to read, between NVTX
+    marks named `label` (ncu_layer.sh filters on them)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(label)
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    print(f"== {label}: one call under Nsight Compute", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=["30b-16k"], choices=list(CASES))
@@ -94,6 +116,7 @@ def main():
     ap.add_argument("--timeline", action="store_true", help="list every kernel of one call in launch order")
     ap.add_argument("--precision", default="bf16", help="comma-separated precisions of the fused arm")
     ap.add_argument("--no-stock", action="store_true", help="profile the fused arms only")
+    ap.add_argument("--ncu", action="store_true", help="one plain call per arm and kind, for Nsight Compute")
     a = ap.parse_args()
     for name in a.cases:
         stock, fused, x = build_layers(*CASES[name])
@@ -106,6 +129,9 @@ def main():
             arms.append((f"fused {p}", layer))
         for arm, layer in arms:
             for kind, fn in (("fwd", lambda: layer(x_req)), ("fwd+bwd", lambda: run_fwd_bwd(layer, x, dout))):
+                if a.ncu:
+                    ncu_call(fn, ncu_label(name, arm, kind))
+                    continue
                 enq, wall = host_enqueue_ms(fn, 10)
                 print(f"== {name} {arm} {kind}: host enqueue {enq:.3f} ms/call, wall {wall:.3f} ms/call")
                 print(kernel_table(fn, a.iters, a.top), flush=True)

@@ -7,7 +7,11 @@ count in the SASS (QGMMA: FP8, HGMMA: bf16), with Triton's bundled ptxas and cuo
 `compile_sm90` is also what the weight-gradient tests use (tests/test_kernel_wgrad.py, test_wgrad_fp8.py)
 to check the shipped configs. Run it without TRITON_INTERPRET: under the interpreter triton's own
 library functions are interpreted too and nothing compiles. The local Triton may differ from the GPU
-machine's, so this is a guide to register pressure, not the binary that runs there.
+machine's, so this is a guide to register pressure, not the binary that runs there. To compile with the
+GPU machine's Triton (3.6) on a host that has another, put that wheel on the path first:
+
+    pip install --no-deps --target /tmp/t36 triton==3.6.0
+    env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36 python scripts/sm90_resources.py
 """
 
 from __future__ import annotations
@@ -79,9 +83,11 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
 
     sig = {"a1_ptr": _fp8_desc(block_m), "b1_ptr": _fp8_desc(block_n), "a2_ptr": _fp8_desc(block_m),
            "b2_ptr": _fp8_desc(block_n), **PLAN, "out_ptr": "*bf16", **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"),
+           "dst_offset_ptr": "*i64", **_types("arrived_ptr expected_ptr", "*i32"),
            **_types("KD ND stride_be stride_bk stride_bn", "i32")}
     return _row_kernel(_grouped_gemm_kernel, sig, dict(TWO_PAIRS=two_pairs, TMA=True, B_TRANS=True, WS=False,
-                                                       SORTED_OUT=sorted_out, BLOCK_M=block_m,
+                                                       SORTED_OUT=sorted_out, PEER_OUT=False, WAIT=False,
+                                                       BLOCK_M=block_m,
                                                        SUB_TILES=128 // block_m, GROUP_M=1, BLOCK_N=block_n,
                                                        BLOCK_K=128, FP8=True), num_warps)
 

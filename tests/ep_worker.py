@@ -2,11 +2,13 @@
 NCCL with one GPU per rank).
 
 One process group runs several EP calls on one global problem (`--runs`: backend/transport/precision/
-capacity per run). Every rank builds the same problem and runs each call on its own tokens and experts;
-rank 0 then gathers every rank's output, dx, score gradient and expert weight gradients and compares them
-with the single-process op on all tokens, computed once per backend and precision on rank 0 only (on CPU
-the single-process op in Triton's interpreter costs as much as all ranks' EP calls together: computing
-it on every rank was most of these tests' time). Rank 0 prints "rank R ok ..." per rank and run.
+capacity per run). Every rank builds the same problem and runs each call on its own tokens and experts.
+Each (backend, precision) has a checker rank (round robin over the ranks): it gathers every rank's output,
+dx, score gradient and expert weight gradients of those calls and, once all EP calls are done, compares
+them with the single-process op on all tokens, which it alone computes. On CPU that op in Triton's
+interpreter costs as much as all ranks' EP calls together, so computing it on every rank was most of these
+tests' time, and the checkers now compute theirs at the same time. A checker prints "rank R ok ..." per
+rank and run.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def run_ep(run: dict, case, dout, rank: int, ep: int) -> dict:
 
 
 def compare(run: dict, got_by_rank: list[dict], whole: dict, case, ep: int) -> None:
-    """Rank 0: every rank's results against its slice of the single-process op on all tokens."""
+    """A checker rank: every rank's results against its slice of the single-process op on all tokens."""
     T, E = case.x.shape[0], case.w1.shape[0]
     label = run["label"]
     for rank, got in enumerate(got_by_rank):
@@ -136,7 +138,7 @@ def main():
     import titan_megamoe
 
     T, D, H, E, K = a.shape
-    cases, wholes = {}, {}
+    cases, checkers, gathered = {}, {}, []
     for run in a.runs:
         dtype = torch.float32 if run["backend"] == "reference" else torch.bfloat16
         if dtype not in cases:
@@ -147,16 +149,21 @@ def main():
             cases[dtype] = (case, dout)
         case, dout = cases[dtype]
         got = run_ep(run, case, dout, rank, ep)
-        got_by_rank = [None] * ep if rank == 0 else None
-        dist.gather_object(got, got_by_rank, dst=0)
-        if rank == 0:
-            key = (run["backend"], run["precision"])
-            if key not in wholes:
-                wholes[key] = {n: t.cpu() for n, t in forward_backward(
-                    lambda *t: titan_megamoe.moe(*t, backend=run["backend"], precision=run["precision"]),
-                    case, dout).items()}
-            compare(run, got_by_rank, wholes[key], case, ep)
-    dist.barrier()  # the other ranks wait for rank 0's comparisons, so a failure there ends the job first
+        key = (run["backend"], run["precision"])
+        checker = checkers.setdefault(key, len(checkers) % ep)
+        got_by_rank = [None] * ep if rank == checker else None
+        dist.gather_object(got, got_by_rank, dst=checker)
+        if rank == checker:
+            gathered.append((run, got_by_rank, case, dout))
+    wholes = {}
+    for run, got_by_rank, case, dout in gathered:  # every checker at once, after the last collective
+        key = (run["backend"], run["precision"])
+        if key not in wholes:
+            wholes[key] = {n: t.cpu() for n, t in forward_backward(
+                lambda *t: titan_megamoe.moe(*t, backend=run["backend"], precision=run["precision"]),
+                case, dout).items()}
+        compare(run, got_by_rank, wholes[key], case, ep)
+    dist.barrier()  # every rank waits for the checkers' comparisons, so a failure there ends the job first
     dist.destroy_process_group()
     if not cuda:
         from titan_megamoe.integrations.torchtitan.cpu import exit_skipping_teardown

@@ -1,8 +1,8 @@
 """Expert parallelism, both transports: EP ranks against the single-process op on all tokens.
 
-Each problem starts one process per rank (tests/ep_worker.py does the work, rank 0 the comparison): with a
-GPU per rank, NCCL and the compiled kernels; otherwise gloo on CPU with the kernels in Triton's interpreter
-(also on a GPU host with fewer GPUs than ranks). The Triton backend must give bitwise the single-GPU result (each
+Each problem starts one process per rank (tests/ep_worker.py does the work, a checker rank per backend and
+precision the comparison): with a GPU per rank, NCCL and the compiled kernels; otherwise gloo on CPU with
+the kernels in Triton's interpreter (also on a GPU host with fewer GPUs than ranks). The Triton backend must give bitwise the single-GPU result (each
 expert sees its rows in the same order); the reference backend agrees to fp32 rounding.
 """
 
@@ -24,7 +24,8 @@ def _free_port() -> int:
 
 
 def _run_ranks(ep: int, *args: str) -> str:
-    """Run tests/ep_worker.py on `ep` ranks; rank 0's output (its comparisons of every rank)."""
+    """Run tests/ep_worker.py on `ep` ranks; every rank's output, in rank order (the checker ranks print
+    their comparisons of every rank)."""
     port = _free_port()
     procs = []
     gpus = torch.cuda.device_count()
@@ -48,11 +49,12 @@ def _run_ranks(ep: int, *args: str) -> str:
     failed = [f"rank {rank} failed (exit {p.returncode}):\n{out[-3000:]}"
               for rank, (p, out) in enumerate(zip(procs, outs)) if p.returncode != 0]
     assert not failed, "\n".join(failed)  # every failed rank: the first error may be on any of them
-    return outs[0]
+    return "".join(outs)
 
 
 # One process group per problem runs every EP call listed for it (backend:transport:precision[:capacity
-# factor]); rank 0 compares each with the single-process op, computed once per backend and precision.
+# factor]); a checker rank per backend and precision compares them with the single-process op, which it
+# computes once.
 A2A, A2A_REF, SYMM = "triton:all_to_all:bf16", "reference:all_to_all:bf16", "triton:symm_mem:bf16"
 EP_PROBLEMS = {
     # T not a multiple of the EP degree
