@@ -64,7 +64,8 @@ def _row_kernel(fn, signature, constexprs, num_warps=8, num_stages=3):
     return compile_sm90(fn, signature, {**constexprs, "INTERPRET": False}, aligned, num_warps, num_stages)
 
 
-def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 128, num_warps: int = 8):
+def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 128, num_warps: int = 8,
+          num_stages: int = 3, group_m: int = 1):
     from titan_megamoe.kernels.gemm1_swiglu import _gemm1_swiglu_kernel
 
     w = _fp8_desc(block_n) if w_tma else "*fp8e4nv"
@@ -72,12 +73,13 @@ def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 1
            **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv", **_types("xs_ptr w1s_ptr w3s_ptr hs_ptr", "*fp32"),
            **_types("arrived_ptr expected_ptr", "*i32"),
            **_types("D H rows_per_token stride_xt stride_we stride_wh", "i32")}
-    return _row_kernel(_gemm1_swiglu_kernel, sig, dict(BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=1,
+    return _row_kernel(_gemm1_swiglu_kernel, sig, dict(BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=group_m,
                                                        BLOCK_N=block_n, BLOCK_K=128, A_TMA=a_tma, W_TMA=w_tma,
-                                                       FP8=True, WAIT=False), num_warps)
+                                                       FP8=True, WAIT=False), num_warps, num_stages)
 
 
-def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: int = 8, sorted_out: bool = False):
+def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: int = 8, sorted_out: bool = False,
+                 num_stages: int = 3, group_m: int = 1):
     """The FP8 row-tiled GEMM: GEMM2, dx (`two_pairs`) or dgrad's q (`sorted_out`)."""
     from titan_megamoe.kernels.grouped_gemm import _grouped_gemm_kernel
 
@@ -88,8 +90,8 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
     return _row_kernel(_grouped_gemm_kernel, sig, dict(TWO_PAIRS=two_pairs, TMA=True, B_TRANS=True, WS=False,
                                                        SORTED_OUT=sorted_out, PEER_OUT=False, WAIT=False,
                                                        BLOCK_M=block_m,
-                                                       SUB_TILES=128 // block_m, GROUP_M=1, BLOCK_N=block_n,
-                                                       BLOCK_K=128, FP8=True), num_warps)
+                                                       SUB_TILES=128 // block_m, GROUP_M=group_m, BLOCK_N=block_n,
+                                                       BLOCK_K=128, FP8=True), num_warps, num_stages)
 
 
 def dswiglu_fp8(num_warps: int):
@@ -102,6 +104,27 @@ def dswiglu_fp8(num_warps: int):
            "ds_part_ptr": "*fp32", **_types("H P", "i32")}
     aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
     return compile_sm90(_dswiglu_fp8_kernel, sig, dict(BLOCK=128, INTERPRET=False), aligned, num_warps, 1)
+
+
+def shipped_fp8_rows(dim: int, hidden: int) -> dict:
+    """The FP8 row kernels with the tile configs the table ships for (dim, hidden), as they launch (TMA)."""
+    from titan_megamoe.kernels.configs import tile_config
+
+    def cfg(kernel):
+        c = tile_config(kernel, dim, hidden, "fp8")
+        assert c.tma, f"{kernel}: the shipped FP8 config reads through TMA, which these signatures assume"
+        return dict(block_m=c.block_m, num_warps=c.num_warps, num_stages=c.num_stages, group_m=c.group_m), c
+
+    out = {}
+    kw, c = cfg("gemm1_swiglu")
+    out["gemm1"] = gemm1(c.block_n, **kw)
+    kw, c = cfg("gemm2")
+    out["gemm2"] = grouped_gemm(c.block_n, False, **kw)
+    kw, c = cfg("dx")
+    out["dx"] = grouped_gemm(c.block_n, True, **kw)
+    kw, c = cfg("dgrad_swiglu")
+    out["dgrad q"] = grouped_gemm(c.block_n, False, sorted_out=True, **kw)
+    return out
 
 
 JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/configs.py)

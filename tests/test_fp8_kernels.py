@@ -211,3 +211,28 @@ def test_fp8_dswiglu_bitwise_quant_of_bf16_path(T, D, H, E, K, routing):
         want = quant.quantize_token_tiles(r, plan)
         assert torch.equal(bits(got.data[:, :real * 128]), bits(want.data[:, :real * 128]))
         assert torch.equal(got.scale[:, :real], want.scale[:, :real])
+
+
+_SM90_FP8_ROWS = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import shipped_fp8_rows
+print(json.dumps({name: {k: r[k] for k in ("qgmma", "usage")} for name, r in shipped_fp8_rows(2048, 768).items()}))
+"""
+
+
+def test_shipped_fp8_row_kernels_compile_to_fp8_wgmma_without_spills():
+    """GEMM1, GEMM2, dx and dgrad's q with the FP8 tile configs the table ships for Qwen3-30B-A3B, compiled
+    for sm_90 on the CPU (Triton's bundled ptxas; the GPU machine's Triton may allocate differently): each
+    GEMM an FP8 wgmma (QGMMA in the SASS) and nothing spilled to the stack. Also keeps
+    scripts/sm90_resources.py's signatures in step with the kernels'."""
+    import re
+
+    from moe_cases import sm90_compile_results
+
+    got = sm90_compile_results(_SM90_FP8_ROWS, timeout=300)
+    assert set(got) == {"gemm1", "gemm2", "dx", "dgrad q"}
+    for name, r in got.items():
+        assert r["qgmma"] > 0, f"{name}: no QGMMA (FP8 wgmma) in the SASS"
+        stack = re.search(r"STACK:(\d+)", r["usage"])
+        assert stack is not None and int(stack.group(1)) == 0, f"{name}: register spills: {r['usage']}"
