@@ -4,7 +4,7 @@
 The layer benchmark and torch.profiler say how long each kernel takes; they cannot say why. This runs
 `scripts/profile_layer.py --ncu` under `ncu` (one marked forward+backward call per precision, after two
 warm-ups) and reads, per kernel: duration, SM / L2 / DRAM throughput as % of peak, achieved occupancy,
-registers per thread, tensor-pipe utilisation, and the warp stall reasons that dominate. The question it is built for: are the
+registers per thread, tensor-pipe utilisation, and the warp stall reasons that dominate. Only the kernels of that one call are profiled (cudaProfilerStart/Stop around it). The question it is built for: are the
 block-FP8 GEMMs (~540-690 TFLOP/s on the H200, about bf16's rate) held back by the L2 (their 64-row tiles
 read ~87 FLOP/byte, the same as bf16's 128x256 tiles), by the promotion's waits, or by occupancy.
 
@@ -39,24 +39,19 @@ FIELDS = (
     ("sm_pct", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
     ("l2_pct", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
     ("dram_pct", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("tensor_pct", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
     ("occupancy_pct", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+    ("occupancy_limit_pct", "sm__maximum_warps_per_active_cycle_pct"),
     ("registers", "launch__registers_per_thread"),
     ("grid", "launch__grid_size"),
 )
 STALL = re.compile(r"smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\.ratio$")
-TENSOR_PIPE = re.compile(r"pipe_tensor\w*\.(avg|max)\.pct_of_peak_sustained_(active|elapsed)$")
-
-
-def ncu_label(case: str, precision: str) -> str:
-    """The NVTX range profile_layer.py --ncu puts around the marked fused forward+backward call."""
-    from profile_layer import ncu_label as label
-
-    return label(case, f"fused {precision}", "fwd+bwd")
 
 
 def run_ncu(case: str, precision: str, csv_path: str, timeout: int) -> str:
-    cmd = ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", f"{ncu_label(case, precision)}/",
-           "--csv", "--page", "raw", *[a for s in SECTIONS for a in ("--section", s)],
+    # the profiled window is profile_layer.py's cudaProfilerStart/Stop around one call: process-wide, so the
+    # backward's kernels (launched from autograd's own thread, outside any NVTX range of the main thread) count
+    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw", *[a for s in SECTIONS for a in ("--section", s)],
            sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_layer.py"),
            "--cases", case, "--precision", precision, "--no-stock", "--ncu"]
     print(f"== {' '.join(cmd)}", flush=True)
@@ -70,8 +65,8 @@ def run_ncu(case: str, precision: str, csv_path: str, timeout: int) -> str:
 
 def parse_raw(text: str) -> list[dict]:
     """ncu's `--csv --page raw` (a header of metric names, a row of units, one row per kernel launch) ->
-    one dict per launch in launch order: name, the FIELDS, the tensor-pipe utilisations it reports and
-    the warp stall reasons (cycles per issued instruction), largest first."""
+    one dict per launch in launch order: name, the FIELDS and the warp stall reasons (cycles per issued
+    instruction), largest first."""
     start = text.find('"ID"')
     if start < 0:
         raise ValueError("no ncu CSV header in the output (was any kernel profiled? check the NVTX filter)")
@@ -85,7 +80,6 @@ def parse_raw(text: str) -> list[dict]:
         r = {"kernel": re.sub(r"\(.*", "", row[col["Kernel Name"]])}
         for name, metric in FIELDS:
             r[name] = _number(row[col[metric]], units[col[metric]]) if metric in col else None
-        r["tensor_pipe_pct"] = {m: _number(row[i], units[i]) for m, i in col.items() if TENSOR_PIPE.search(m)}
         stalls = {STALL.search(m).group(1): _number(row[i], units[i]) for m, i in col.items() if STALL.search(m)}
         r["stalls"] = {m: v for m, v in sorted(stalls.items(), key=lambda kv: -_sortable(kv[1])) if _sortable(v) > 0}
         out.append(r)
@@ -101,7 +95,8 @@ def _number(value, unit):
         v = float(str(value).replace(",", ""))
     except ValueError:
         return value
-    return {"nsecond": v / 1e3, "usecond": v, "msecond": v * 1e3}.get(unit, v)
+    to_us = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+    return v * to_us[unit] if unit in to_us else v
 
 
 def _cell(v, fmt: str = "{:.1f}") -> str:
@@ -111,13 +106,12 @@ def _cell(v, fmt: str = "{:.1f}") -> str:
 def markdown(rows_by_arm: dict) -> str:
     lines = []
     for arm, rows in rows_by_arm.items():
-        lines += [f"### {arm}", "", "| kernel | us | SM % | L2 % | DRAM % | tensor pipe % | occupancy % | regs | top stalls (cycles per issue) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"### {arm}", "", "| kernel | us | SM % | L2 % | DRAM % | tensor pipe % | warps active % (limit) "
+                  "| regs | top stalls (cycles per issue) |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             stalls = ", ".join(f"{m} {v:.1f}" for m, v in list(r["stalls"].items())[:3])
-            pipe = max((v for v in r["tensor_pipe_pct"].values() if isinstance(v, float)), default=None)
-            cells = [r["kernel"][:60]] + [_cell(r[c]) for c in ("us", "sm_pct", "l2_pct", "dram_pct")]
-            cells += [_cell(pipe), _cell(r["occupancy_pct"]), _cell(r["registers"], "{:.0f}")]
+            cells = [r["kernel"][:60]] + [_cell(r[c]) for c in ("us", "sm_pct", "l2_pct", "dram_pct", "tensor_pct")]
+            cells += [f"{_cell(r['occupancy_pct'])} ({_cell(r['occupancy_limit_pct'])})", _cell(r["registers"], "{:.0f}")]
             lines.append("| " + " | ".join(cells + [stalls]) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -96,15 +96,18 @@ def ncu_label(case: str, arm: str, kind: str) -> str:
 
 
 def ncu_call(fn, label: str) -> None:
-    """Two warm-up calls (compiles, caches), then the call Nsight Compute is meant to read, between NVTX
-    marks named `label` (ncu_layer.sh filters on them)."""
+    """Two warm-up calls (compiles, caches), then the call Nsight Compute is meant to read, between
+    cudaProfilerStart and Stop (ncu --profile-from-start off: process-wide, so the backward's kernels,
+    launched from autograd's thread, are in it) and inside an NVTX range named `label`."""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
     torch.cuda.nvtx.range_push(label)
     fn()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
+    torch.cuda.cudart().cudaProfilerStop()
     print(f"== {label}: one call under Nsight Compute", flush=True)
 
 
@@ -129,8 +132,9 @@ def main():
             arms.append((f"fused {p}", layer))
         for arm, layer in arms:
             for kind, fn in (("fwd", lambda: layer(x_req)), ("fwd+bwd", lambda: run_fwd_bwd(layer, x, dout))):
-                if a.ncu:
-                    ncu_call(fn, ncu_label(name, arm, kind))
+                if a.ncu:  # one window per arm: forward+backward (its forward is the forward's kernels)
+                    if kind == "fwd+bwd":
+                        ncu_call(fn, ncu_label(name, arm, kind))
                     continue
                 enq, wall = host_enqueue_ms(fn, 10)
                 print(f"== {name} {arm} {kind}: host enqueue {enq:.3f} ms/call, wall {wall:.3f} ms/call")
