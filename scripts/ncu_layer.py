@@ -2,19 +2,20 @@
 """Hardware counters of every kernel in one fused-layer call (Nsight Compute), one row per kernel.
 
 The layer benchmark and torch.profiler say how long each kernel takes; they cannot say why. This runs
-`scripts/profile_layer.py --ncu` under `ncu` (one marked forward+backward call per precision, after two
-warm-ups) and reads, per kernel: duration, SM / L2 / DRAM throughput as % of peak, achieved occupancy,
-registers per thread, tensor-pipe utilisation, and the warp stall reasons that dominate. Only the kernels of that one call are profiled (cudaProfilerStart/Stop around it). The question it is built for: are the
-block-FP8 GEMMs (~540-690 TFLOP/s on the H200, about bf16's rate) held back by the L2 (their 64-row tiles
-read ~87 FLOP/byte, the same as bf16's 128x256 tiles), by the promotion's waits, or by occupancy.
+`scripts/profile_layer.py --ncu` under `ncu`: per precision, two warm-up forward+backward calls and then
+one between cudaProfilerStart and Stop, whose kernels alone are profiled. Per kernel it reads duration,
+SM / L2 / DRAM throughput as % of peak, tensor-pipe activity, achieved occupancy and its limit, registers
+per thread, and the warp stall reasons that dominate. The question it is built for: are the block-FP8
+GEMMs (~540-880 TFLOP/s on the H200, about bf16's rate) held back by the L2 (their 64-row tiles read 85
+FLOP per byte, as bf16's 128 x 256 tiles do), by the promotion's waits, or by occupancy (docs/kernels.md).
 
     python scripts/ncu_layer.py --out docs/results/ncu_YYYYMMDD --case 30b-16k --precision bf16,fp8
 
-Writes <out>/ncu_<case>_<precision>.csv (ncu's raw page: every metric of the sections), a JSON with the per-kernel rows and the
-run's environment, and a Markdown table. Needs `ncu` on the PATH and a GPU whose counters it may read
-(../.library/device: Firecracker machines, not gVisor); clocks are left alone (`--clock-control none`),
-so durations match the benchmark's, and every kernel is replayed once per counter pass, so a call takes
-minutes (`--timeout`).
+Writes <out>/ncu_<case>_<precision>.csv (ncu's raw page: every metric of the sections), a JSON with the
+per-kernel rows and the run's environment, and a Markdown table. Needs `ncu` on the PATH and a GPU whose
+counters it may read (Nsight Compute read them on the Firecracker GPU machines, not under gVisor). Clocks
+are left alone (`--clock-control none`), so durations match the benchmark's; every kernel is replayed once
+per counter pass, so a call takes minutes (`--timeout`).
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ STALL = re.compile(r"smsp__average_warps?_issue_stalled_(\w+?)_per_issue_active\
 def run_ncu(case: str, precision: str, csv_path: str, timeout: int) -> str:
     # the profiled window is profile_layer.py's cudaProfilerStart/Stop around one call: process-wide, so the
     # backward's kernels (launched from autograd's own thread, outside any NVTX range of the main thread) count
-    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw", *[a for s in SECTIONS for a in ("--section", s)],
-           sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_layer.py"),
+    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
+           *[a for s in SECTIONS for a in ("--section", s)], sys.executable,
+           os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_layer.py"),
            "--cases", case, "--precision", precision, "--no-stock", "--ncu"]
     print(f"== {' '.join(cmd)}", flush=True)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -69,7 +71,7 @@ def parse_raw(text: str) -> list[dict]:
     instruction), largest first."""
     start = text.find('"ID"')
     if start < 0:
-        raise ValueError("no ncu CSV header in the output (was any kernel profiled? check the NVTX filter)")
+        raise ValueError("no ncu CSV header in the output: no kernel ran between cudaProfilerStart and Stop")
     table = list(csv.reader(io.StringIO(text[start:])))
     header, units, rows = table[0], table[1], table[2:]
     col = {name: i for i, name in enumerate(header)}
@@ -111,7 +113,8 @@ def markdown(rows_by_arm: dict) -> str:
         for r in rows:
             stalls = ", ".join(f"{m} {v:.1f}" for m, v in list(r["stalls"].items())[:3])
             cells = [r["kernel"][:60]] + [_cell(r[c]) for c in ("us", "sm_pct", "l2_pct", "dram_pct", "tensor_pct")]
-            cells += [f"{_cell(r['occupancy_pct'])} ({_cell(r['occupancy_limit_pct'])})", _cell(r["registers"], "{:.0f}")]
+            occupancy = f"{_cell(r['occupancy_pct'])} ({_cell(r['occupancy_limit_pct'])})"
+            cells += [occupancy, _cell(r["registers"], "{:.0f}")]
             lines.append("| " + " | ".join(cells + [stalls]) + " |")
         lines.append("")
     return "\n".join(lines)

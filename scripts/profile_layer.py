@@ -9,9 +9,9 @@ launch-bound stretches show up as such.
     python scripts/profile_layer.py --cases 30b-16k 30b-4k
     python scripts/profile_layer.py --cases 30b-16k --precision bf16,fp8 --no-stock
 
-`--ncu`: no torch.profiler (it and Nsight Compute both want the GPU's counters), just two warm-up calls
-and then one marked call of each arm and kind (`--iters` is ignored), for `scripts/ncu_layer.sh` to
-profile kernel by kernel.
+`--ncu`: no torch.profiler (it and Nsight Compute both want the GPU's counters): per arm two warm-up
+forward+backward calls, then one between cudaProfilerStart and Stop (`--iters` is ignored), for
+`scripts/ncu_layer.py` to profile kernel by kernel.
 """
 
 from __future__ import annotations
@@ -90,23 +90,16 @@ def host_enqueue_ms(fn, iters: int) -> tuple[float, float]:
     return (t1 - t0) * 1e3 / iters, (t2 - t0) * 1e3 / iters
 
 
-def ncu_label(case: str, arm: str, kind: str) -> str:
-    """An NVTX range name ncu's --nvtx-include can match as is (no spaces, '/' or '+')."""
-    return f"{case}.{arm.replace(' ', '_')}.{kind.replace('+', '_')}"
-
-
 def ncu_call(fn, label: str) -> None:
     """Two warm-up calls (compiles, caches), then the call Nsight Compute is meant to read, between
-    cudaProfilerStart and Stop (ncu --profile-from-start off: process-wide, so the backward's kernels,
-    launched from autograd's thread, are in it) and inside an NVTX range named `label`."""
+    cudaProfilerStart and Stop (ncu --profile-from-start off). The window is process-wide, so the backward's
+    kernels, launched from autograd's own thread, are in it; an NVTX range of the main thread missed them."""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    torch.cuda.nvtx.range_push(label)
     fn()
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
     torch.cuda.cudart().cudaProfilerStop()
     print(f"== {label}: one call under Nsight Compute", flush=True)
 
@@ -119,7 +112,8 @@ def main():
     ap.add_argument("--timeline", action="store_true", help="list every kernel of one call in launch order")
     ap.add_argument("--precision", default="bf16", help="comma-separated precisions of the fused arm")
     ap.add_argument("--no-stock", action="store_true", help="profile the fused arms only")
-    ap.add_argument("--ncu", action="store_true", help="one plain call per arm and kind, for Nsight Compute")
+    ap.add_argument("--ncu", action="store_true",
+                    help="one forward+backward call per arm inside cudaProfilerStart/Stop, for Nsight Compute")
     a = ap.parse_args()
     for name in a.cases:
         stock, fused, x = build_layers(*CASES[name])
@@ -134,7 +128,7 @@ def main():
             for kind, fn in (("fwd", lambda: layer(x_req)), ("fwd+bwd", lambda: run_fwd_bwd(layer, x, dout))):
                 if a.ncu:  # one window per arm: forward+backward (its forward is the forward's kernels)
                     if kind == "fwd+bwd":
-                        ncu_call(fn, ncu_label(name, arm, kind))
+                        ncu_call(fn, f"{name} {arm} {kind}")
                     continue
                 enq, wall = host_enqueue_ms(fn, 10)
                 print(f"== {name} {arm} {kind}: host enqueue {enq:.3f} ms/call, wall {wall:.3f} ms/call")
