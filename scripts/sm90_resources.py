@@ -29,8 +29,16 @@ from triton.compiler import ASTSource
 
 def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps: int, num_stages: int) -> dict:
     """Compile jitted `fn` for sm_90 with these argument types (`signature`, the constexprs excluded) and
-    16-byte divisibility on the `aligned` arguments; returns what the SASS and resource usage say."""
-    signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+    16-byte divisibility on the `aligned` arguments; returns what the SASS and resource usage say.
+
+    Arguments named in neither `signature` nor `constexprs` are None constexprs, as a launch that passes
+    None specialises them (the second operand pair, the EP-only pointers), so a kernel that gains such an
+    argument still compiles here. The signature is put in the kernel's argument order, which the
+    divisibility attributes index."""
+    unknown = (set(signature) | set(constexprs)) - set(fn.arg_names)
+    assert not unknown, f"{fn.__name__} has no arguments {sorted(unknown)}"
+    constexprs = {**{n: None for n in fn.arg_names if n not in signature and n not in constexprs}, **constexprs}
+    signature = {n: signature.get(n, "constexpr") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
     k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -85,12 +93,10 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
 
     sig = {"a1_ptr": _fp8_desc(block_m), "b1_ptr": _fp8_desc(block_n), "a2_ptr": _fp8_desc(block_m),
            "b2_ptr": _fp8_desc(block_n), **PLAN, "out_ptr": "*bf16", **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"),
-           "dst_offset_ptr": "*i64", **_types("arrived_ptr expected_ptr", "*i32"),
            **_types("KD ND stride_be stride_bk stride_bn", "i32")}
     return _row_kernel(_grouped_gemm_kernel, sig, dict(TWO_PAIRS=two_pairs, TMA=True, B_TRANS=True, WS=False,
                                                        SORTED_OUT=sorted_out, PEER_OUT=False, WAIT=False,
-                                                       BLOCK_M=block_m,
-                                                       SUB_TILES=128 // block_m, GROUP_M=group_m, BLOCK_N=block_n,
+                                                       BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=group_m, BLOCK_N=block_n,
                                                        BLOCK_K=128, FP8=True), num_warps, num_stages)
 
 

@@ -315,7 +315,7 @@ def test_host_overhead_script_runs_every_stage(bench, monkeypatch, tmp_path, cap
 def test_ncu_layer_reads_ncu_raw_rows(monkeypatch):
     """scripts/ncu_layer.py's reading of ncu's raw CSV page (ncu itself runs on the GPU machine only):
     launches in order, ncu's "ns" in us, thousands separators, stall reasons largest first, a missing
-    metric as None, and no CSV at all (an NVTX filter that matched nothing) as an error."""
+    metric as None, and no CSV at all (no kernel ran inside the profiled window) as an error."""
     monkeypatch.syspath_prepend(SCRIPTS)
     import ncu_layer
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"

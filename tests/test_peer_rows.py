@@ -205,26 +205,20 @@ sig = dict(a1_ptr=f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
            b1_ptr=f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", order_ptr="*i32", tile_expert_ptr="*i32",
            tile_row_ptr="*i32", offsets_ptr="*i32", out_ptr="*bf16", dst_offset_ptr="*i64",
            KD="i32", ND="i32", stride_be="i32", stride_bk="i32", stride_bn="i32")
-none = dict.fromkeys("a2_ptr b2_ptr a1s_ptr b1s_ptr a2s_ptr b2s_ptr arrived_ptr expected_ptr".split())
-const = dict(none, TWO_PAIRS=False, TMA=True, B_TRANS=True, WS=cfg.warp_specialize, SORTED_OUT=False, PEER_OUT=True,
-             WAIT=False,
-             BLOCK_M=cfg.block_m, SUB_TILES=1, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-             FP8=False, INTERPRET=False)
-order = list(_grouped_gemm_kernel.arg_names)
-sig = {k: sig[k] for k in order if k in sig}
-r = compile_sm90(_grouped_gemm_kernel, sig, {k: const[k] for k in order if k in const},
-                 set(k for k in sig if k.endswith("_ptr")), cfg.num_warps, cfg.num_stages)
+const = dict(TWO_PAIRS=False, TMA=True, B_TRANS=True, WS=cfg.warp_specialize, SORTED_OUT=False, PEER_OUT=True,
+             WAIT=False, BLOCK_M=cfg.block_m, SUB_TILES=1, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n,
+             BLOCK_K=cfg.block_k, FP8=False, INTERPRET=False)  # the arguments named nowhere are None
+r = compile_sm90(_grouped_gemm_kernel, sig, const, set(k for k in sig if k.endswith("_ptr")), cfg.num_warps,
+                 cfg.num_stages)
 out["gemm2_peer"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA")
 cfg = tile_config("dgrad_swiglu", 2048, 768)  # dgrad's GEMM on landing dout rows (bf16 split config)
 sig.update(a1_ptr=f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
            b1_ptr=f"tensordesc<bf16[{cfg.block_k}, {cfg.block_n}]>", arrived_ptr="*i32", expected_ptr="*i32")
-sig = {k: sig[k] for k in order if k in sig and k != "dst_offset_ptr"}
-const = dict(const, dst_offset_ptr=None, B_TRANS=False, WS=cfg.warp_specialize, SORTED_OUT=True, PEER_OUT=False,
-             WAIT=True, BLOCK_M=cfg.block_m, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
-for k in ("arrived_ptr", "expected_ptr"):
-    const.pop(k)
-r = compile_sm90(_grouped_gemm_kernel, sig, {k: const[k] for k in order if k in const},
-                 set(k for k in sig if k.endswith("_ptr")), cfg.num_warps, cfg.num_stages)
+del sig["dst_offset_ptr"]
+const.update(B_TRANS=False, WS=cfg.warp_specialize, SORTED_OUT=True, PEER_OUT=False, WAIT=True, BLOCK_M=cfg.block_m,
+             GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+r = compile_sm90(_grouped_gemm_kernel, sig, const, set(k for k in sig if k.endswith("_ptr")), cfg.num_warps,
+                 cfg.num_stages)
 out["dgrad_gemm_wait"] = r["usage"] + (" wgmma" if r["hgmma"] else " NO-WGMMA") + f" fences={r['global_proxy_fences']}"
 print(json.dumps(out))
 """
