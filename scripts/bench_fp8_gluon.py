@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Block-FP8 row GEMMs: the Gluon kernels with the promotion overlapped (`kernels.fp8_rows_gluon`)
+against the shipped Triton kernels (`kernels.grouped_gemm`), same operands, same process (needs CUDA).
+
+For GEMM2 (y = h W2^T, scattered), dgrad's q (q = dout W2, sorted) and dx (dg W1 + du W3, scattered) at
+Qwen3-30B-A3B and 235B-A22B shapes, T=16384, K=8, random top-k routing: operands quantized by the
+package's own quantizers from fresh random bf16 tensors; outputs allocated NaN-filled
+(TITAN_MEGAMOE_POISON=1) for the checks, which compare every Gluon variant with the Triton kernel
+(bitwise-equal fraction, max relative difference) and both with a float64 product of the dequantized
+operands on the rows of three experts; a variant off the Triton kernel by more than bf16 rounding is
+reported "WRONG" and not timed. Times are `triton.testing.do_bench` medians (us), TFLOP/s = 2*N*KD*ND
+per pair. Writes JSON (environment, rows) to --out.
+
+    python scripts/bench_fp8_gluon.py --out docs/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_layer import environment, result_path  # noqa: E402
+
+SHAPES = {"30b": (16384, 8, 128, 2048, 768), "235b": (16384, 8, 128, 4096, 1536)}  # T, K, E, D, H
+VARIANTS = [  # block_m, block_n, warps, stages
+    (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 4, 5), (128, 128, 8, 3), (128, 128, 8, 4), (64, 64, 4, 4)]
+
+
+def _dequant_rows(q, rows):
+    d = q.data[rows].double()
+    return d * q.scale[rows].double().repeat_interleave(128, dim=1)
+
+
+def _dequant_weight(q, e):
+    s = q.scale[e].double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return q.data[e].double() * s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="docs/results")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--kernels", nargs="+", default=["dgrad_q", "gemm2", "dx"], choices=["dgrad_q", "gemm2", "dx"])
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_fp8_gluon.py needs a CUDA GPU")
+    from triton.testing import do_bench
+
+    from titan_megamoe.kernels import grouped_gemm as gg
+    from titan_megamoe.kernels.fp8_rows_gluon import fp8_row_gemm
+    from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    torch.manual_seed(0)
+    rows_out = []
+    for shape in a.shapes:
+        T, K, E, D, H = SHAPES[shape]
+        N = T * K
+        ids = torch.argsort(torch.rand(T, E, device="cuda"), dim=1)[:, :K]
+        plan = build_routing_plan(ids, E, 128)
+        off = plan.offsets_E1.tolist()
+
+        def rows_of(*experts):
+            return torch.cat([torch.arange(off[e], off[e + 1], device="cuda") for e in experts])
+
+        check_rows = rows_of(0, E // 2, E - 1)
+        order = plan.order_N.long()
+        w1, w3 = (torch.randn(E, H, D, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(2))
+        w2 = torch.randn(E, D, H, device="cuda", dtype=torch.bfloat16) * 0.02
+        (w1q, w1t), (w3q, w3t), (w2q, w2t) = (quantize_weight_pair(w) for w in (w1, w3, w2))
+        del w1q, w3q
+        dout, h, dg, du = (quantize_rows(torch.randn(N, c, device="cuda", dtype=torch.bfloat16))
+                           for c in (D, H, H, H))
+        cases = {
+            # name: (triton call, gluon kwargs, pairs [(A, B)], ND, sorted)
+            "dgrad_q": (lambda: gg.expert_h_grad(dout, w2t, plan, torch.bfloat16, "fp8"),
+                        dict(a1=dout, b1=w2t, nd=H, sorted_out=True), [(dout, w2t)], H, True),
+            "gemm2": (lambda: gg.expert_down_proj(h, w2q, plan, torch.bfloat16, "fp8"),
+                      dict(a1=h, b1=w2q, nd=D), [(h, w2q)], D, False),
+            "dx": (lambda: gg.expert_input_grad(dg, du, w1t, w3t, plan, torch.bfloat16, "fp8"),
+                   dict(a1=dg, b1=w1t, a2=du, b2=w3t, nd=D), [(dg, w1t), (du, w3t)], D, False),
+        }
+        for name in a.kernels:
+            triton_call, gkw, pairs, nd, sorted_out = cases[name]
+            kd = pairs[0][0].data.shape[1]
+            flop = 2 * N * kd * nd * len(pairs)
+            os.environ["TITAN_MEGAMOE_POISON"] = "1"
+            ref = triton_call()
+            torch.cuda.synchronize()
+            # float64 oracle on three experts' rows (in the output's row order)
+            out_rows = check_rows if sorted_out else order[check_rows]
+            exact = torch.zeros(len(check_rows), nd, dtype=torch.float64, device="cuda")
+            for A, B in pairs:
+                for e in (0, E // 2, E - 1):
+                    r = rows_of(e)
+                    sel = (check_rows >= off[e]) & (check_rows < off[e + 1])
+                    exact[sel] += _dequant_rows(A, r) @ _dequant_weight(B, e).T
+
+            def err(out):
+                o = out[out_rows].double()
+                return float((o - exact).norm() / exact.norm())
+
+            row = {"shape": shape, "kernel": name, "N": N, "KD": kd, "ND": nd, "pairs": len(pairs),
+                   "triton_rel_err_vs_fp64": err(ref), "triton_nan": bool(ref.isnan().any())}
+            os.environ.pop("TITAN_MEGAMOE_POISON")
+            t_us = do_bench(triton_call, warmup=10, rep=200) * 1e3
+            row["triton_us"] = t_us
+            row["triton_tflops"] = flop / (t_us * 1e-6) / 1e12
+            print(f"{shape} {name}: triton {t_us:.1f} us ({row['triton_tflops']:.0f} TFLOP/s), "
+                  f"err {row['triton_rel_err_vs_fp64']:.2e}", flush=True)
+            row["gluon"] = []
+            for bm, bn, warps, stages in VARIANTS:
+                knobs = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages)
+                rec = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages}
+                try:
+                    os.environ["TITAN_MEGAMOE_POISON"] = "1"
+
+                    def call():
+                        return fp8_row_gemm(plan=plan, **gkw, **knobs)
+
+                    out = call()
+                    torch.cuda.synchronize()
+                    os.environ.pop("TITAN_MEGAMOE_POISON")
+                    diff = (out.float() - ref.float()).abs()
+                    rec["nan"] = bool(out.isnan().any())
+                    rec["bitwise_equal_fraction"] = float((out.view(torch.int16) == ref.view(torch.int16)).float().mean())
+                    rec["max_rel_diff_vs_triton"] = float((diff / ref.float().abs().clamp_min(1e-3)).max())
+                    rec["rel_err_vs_fp64"] = err(out)
+                    ok = not rec["nan"] and rec["rel_err_vs_fp64"] <= 1.01 * row["triton_rel_err_vs_fp64"] + 1e-6 \
+                        and rec["max_rel_diff_vs_triton"] < 2 ** -7
+                    rec["ok"] = ok
+                    if ok:
+                        us = do_bench(call, warmup=10, rep=200) * 1e3
+                        rec["us"] = us
+                        rec["tflops"] = flop / (us * 1e-6) / 1e12
+                        rec["speedup_vs_triton"] = t_us / us
+                    timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)"
+                              if ok else "WRONG, not timed")
+                    print(f"  gluon {bm}x{bn} w{warps} s{stages}: {timing}; bitwise {rec['bitwise_equal_fraction']:.4f}, "
+                          f"max rel diff {rec['max_rel_diff_vs_triton']:.2e}, err {rec['rel_err_vs_fp64']:.2e}", flush=True)
+                except Exception as e:  # a variant that fails to compile or launch is reported, the rest still run
+                    os.environ.pop("TITAN_MEGAMOE_POISON", None)
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    print(f"  gluon {bm}x{bn} w{warps} s{stages}: {rec['error']}", flush=True)
+                row["gluon"].append(rec)
+            rows_out.append(row)
+    path = result_path(a.out, "bench_fp8_gluon")
+    with open(path, "w") as f:
+        json.dump({"environment": environment(), "rows": rows_out}, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

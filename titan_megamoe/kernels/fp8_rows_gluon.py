@@ -1,0 +1,175 @@
+"""Block-FP8 row GEMMs in Gluon, with the promotion overlapped: GEMM2, dgrad's q and dx (an experiment
+beside `grouped_gemm`, the Triton kernels they replace where they win; GPU only).
+
+    out[p] = sum_kb (A_p[kb] B_e[kb]^T) * sa[p, kb] * sb[e, n_block, kb]    (one or two pairs of operands)
+
+Why Gluon: each 128-wide K block's FP8 product must leave the tensor cores' reduced-precision accumulator
+and be scaled into an fp32 one (DeepSeek-V3's promotion). In Triton a `tl.dot` whose result is not the
+next dot's accumulator is waited for at once (`wgmma.wait_group 0`), so within a program the tensor cores
+idle while it scales (docs/kernels.md, "Deferring the promotion"). Here the main loop issues block k's
+MMA asynchronously, then waits with one group still outstanding (`warpgroup_mma_wait(1)`) and scales
+block k-1's product while block k's runs: the tensor cores always have the next block queued. The price
+is a third accumulator-sized tile in registers (acc, the product being scaled, the one in flight).
+
+Operands: A expert-sorted rows [N, KD] e4m3 (1x128 scales [N, KD/128]); B the weight stored [n, k]
+(K-major, as Hopper's FP8 MMA takes it) viewed as [E*ND, KD], 128x128 scales [E, ND/128, KD/128]. Both
+through TMA, STAGES deep. A program takes BLOCK_M rows of a plan tile (SUB_TILES per tile) and BLOCK_N
+<= 128 columns (inside one scale block column: one weight scale per K block). Rows past the expert's end
+are computed and masked at the store. Output bf16: sorted rows (dgrad's q) or scattered to routed-row
+order through the plan's `order` (GEMM2, dx).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ..plan import RoutingPlan
+from ..precision import BlockScaled
+from .common import new_output
+
+BLOCK_K = gl.constexpr(128)  # one scale block along the reduction (a constexpr global: jitted code reads it)
+
+
+@gluon.jit
+def _issue_loads(j, nk, stage, a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, row0, b_row):
+    """TMA of K block j (of the first pair below nk, else the second) into pipeline stage `stage`."""
+    bar = ready.index(stage)
+    mbarrier.expect(bar, a1_desc.block_type.nbytes + b1_desc.block_type.nbytes)
+    if j < nk:
+        tma.async_copy_global_to_shared(a1_desc, [row0, j * 128], bar, a_smem.index(stage))
+        tma.async_copy_global_to_shared(b1_desc, [b_row, j * 128], bar, b_smem.index(stage))
+    else:
+        tma.async_copy_global_to_shared(a2_desc, [row0, (j - nk) * 128], bar, a_smem.index(stage))
+        tma.async_copy_global_to_shared(b2_desc, [b_row, (j - nk) * 128], bar, b_smem.index(stage))
+
+
+@gluon.jit
+def _block_scale(j, nk, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off):
+    """sa[rows, kb] * sb[tile's block, kb] of K block j, fp32 per row (zero for rows past the matrix)."""
+    if j < nk:
+        sa = gl.load(a1s_ptr + rows.to(gl.int64) * kb + j, mask=rows_in, other=0.0)
+        sb = gl.load(b1s_ptr + b_scale_off + j)
+    else:
+        sa = gl.load(a2s_ptr + rows.to(gl.int64) * kb + (j - nk), mask=rows_in, other=0.0)
+        sb = gl.load(b2s_ptr + b_scale_off + (j - nk))
+    return sa * sb
+
+
+@gluon.jit
+def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,
+                     order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, out_ptr, N, KD, ND, NK1,
+                     SORTED_OUT: gl.constexpr, BLOCK_M: gl.constexpr, SUB_TILES: gl.constexpr,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    # the plan tile and columns of this program (row_tile's order: N-tiles fastest)
+    pid = gl.program_id(0)
+    num_n = gl.cdiv(ND, BLOCK_N)
+    pid_m = pid // num_n
+    n0 = (pid % num_n) * BLOCK_N
+    tile = pid_m // SUB_TILES
+    expert = gl.load(tile_expert_ptr + tile)
+    row0 = gl.load(tile_row_ptr + tile) + (pid_m % SUB_TILES) * BLOCK_M
+    row_end = gl.load(offsets_ptr + gl.maximum(expert, 0) + 1)
+    if (expert < 0) | (row0 >= row_end):
+        return
+
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_N, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    kb = KD // BLOCK_K  # K blocks per pair
+    total = NK1  # K blocks of both pairs: kb, or 2 * kb with a second pair (dx)
+    b_row = expert * ND + n0
+    b_scale_off = (expert.to(gl.int64) * (ND // BLOCK_K) + n0 // BLOCK_K) * kb
+    rows = row0 + gl.arange(0, BLOCK_M, layout=row_layout)
+    rows_in = rows < N
+
+    a_smem = gl.allocate_shared_memory(a1_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a1_desc.layout)
+    b_smem = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b1_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first copy
+    for s in gl.static_range(STAGES):
+        if s < total:
+            _issue_loads(s, kb, s, a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, row0, b_row)
+
+    zero = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma_layout)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma_layout)
+    # K block 0: issued, not waited for
+    mbarrier.wait(ready.index(0), 0)
+    prev = warpgroup_mma(a_smem.index(0), b_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    prev_scale = _block_scale(0, kb, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+    for j in range(1, total):
+        stage = j % STAGES
+        mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
+        cur = warpgroup_mma(a_smem.index(stage), b_smem.index(stage).permute((1, 0)), zero, use_acc=False,
+                            is_async=True)
+        cur_scale = _block_scale(j, kb, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+        # block j-1's product is done once at most one group (block j's) is in flight; scale it meanwhile
+        done = warpgroup_mma_wait(num_outstanding=1, deps=(prev, ))
+        acc += done * prev_scale[:, None]
+        # block j-1's stage is free once every warp has seen its MMA done (the barrier: with two
+        # warpgroups, the thread that issues the TMA must not run ahead of the other's wait); refill it
+        # STAGES blocks ahead
+        gl.thread_barrier()
+        nxt = j - 1 + STAGES
+        if nxt < total:
+            _issue_loads(nxt, kb, (j - 1) % STAGES, a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready,
+                         row0, b_row)
+        prev = cur
+        prev_scale = cur_scale
+    done = warpgroup_mma_wait(num_outstanding=0, deps=(prev, ))
+    acc += done * prev_scale[:, None]
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+
+    # epilogue: 16-byte bf16 stores along each row
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [num_warps, 1], [1, 0])
+    val = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), store_layout)
+    srows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
+    cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))
+    row_ok = srows < row_end
+    if SORTED_OUT:
+        dest = srows
+    else:
+        dest = gl.load(order_ptr + srows, mask=row_ok, other=0)
+    off = dest.to(gl.int64)[:, None] * ND + cols[None, :]
+    gl.store(out_ptr + off, val, mask=row_ok[:, None] & (cols < ND)[None, :])
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    t = t.reshape(-1, t.shape[-1])
+    layout = gl.NVMMASharedLayout.get_default_for([rows, BLOCK_K], gl.float8e4nv)
+    return TensorDescriptor.from_tensor(t, [rows, BLOCK_K], layout)
+
+
+def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,
+                 a2: BlockScaled | None = None, b2: BlockScaled | None = None, sorted_out: bool = False,
+                 block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4) -> torch.Tensor:
+    """out [N, nd]: sum over the pairs of A_p B_e^T with block scales, by sorted row (`sorted_out`) or in
+    routed-row order. a: sorted rows [N, KD] e4m3; b: the expert weight stored [E, nd, KD] e4m3."""
+    N, kd = a1.data.shape
+    E = b1.data.shape[0]
+    assert b1.data.shape == (E, nd, kd) and kd % BLOCK_K == 0 and nd % BLOCK_K == 0, (b1.data.shape, nd, kd)
+    assert BLOCK_K % block_n == 0 and plan.layout.block_m % block_m == 0, (block_n, block_m)
+    out = new_output((N, nd), out_dtype, a1.data.device)
+    sub_tiles = plan.layout.block_m // block_m
+    grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, block_n),)
+    if grid[0] == 0:
+        return out
+    two = a2 is not None
+    pairs = [(a1, b1), (a2, b2) if two else (a1, b1)]
+    descs = [d for a, b in pairs for d in (_descriptor(a.data, block_m), _descriptor(b.data, block_n))]
+    scales = [t.scale for a, b in pairs for t in (a, b)]
+    kb = kd // BLOCK_K
+    _fp8_rows_kernel[grid](
+        descs[0], descs[1], descs[2], descs[3], scales[0], scales[1], scales[2], scales[3],
+        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, 2 * kb if two else kb,
+        SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=sub_tiles, BLOCK_N=block_n, STAGES=stages,
+        num_warps=num_warps)
+    return out
