@@ -33,6 +33,10 @@ from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import new_output
 
+# Gluon is experimental and renames things between releases (3.6 is the H200's Triton, CI's torch brings
+# a newer one): the TMA load was `async_copy_global_to_shared`, now `async_load`; the CTA barrier likewise
+_tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # 3.6: thread_barrier; later: barrier
 BLOCK_K = gl.constexpr(128)  # one scale block along the reduction (a constexpr global: jitted code reads it)
 
 
@@ -42,11 +46,11 @@ def _issue_loads(j, nk, stage, a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_sme
     bar = ready.index(stage)
     mbarrier.expect(bar, a1_desc.block_type.nbytes + b1_desc.block_type.nbytes)
     if j < nk:
-        tma.async_copy_global_to_shared(a1_desc, [row0, j * 128], bar, a_smem.index(stage))
-        tma.async_copy_global_to_shared(b1_desc, [b_row, j * 128], bar, b_smem.index(stage))
+        _tma_load(a1_desc, [row0, j * 128], bar, a_smem.index(stage))
+        _tma_load(b1_desc, [b_row, j * 128], bar, b_smem.index(stage))
     else:
-        tma.async_copy_global_to_shared(a2_desc, [row0, (j - nk) * 128], bar, a_smem.index(stage))
-        tma.async_copy_global_to_shared(b2_desc, [b_row, (j - nk) * 128], bar, b_smem.index(stage))
+        _tma_load(a2_desc, [row0, (j - nk) * 128], bar, a_smem.index(stage))
+        _tma_load(b2_desc, [b_row, (j - nk) * 128], bar, b_smem.index(stage))
 
 
 @gluon.jit
@@ -116,7 +120,7 @@ def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_p
         # block j-1's stage is free once every warp has seen its MMA done (the barrier: with two
         # warpgroups, the thread that issues the TMA must not run ahead of the other's wait); refill it
         # STAGES blocks ahead
-        gl.thread_barrier()
+        _cta_barrier()
         nxt = j - 1 + STAGES
         if nxt < total:
             _issue_loads(nxt, kb, (j - 1) % STAGES, a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready,
