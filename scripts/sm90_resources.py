@@ -27,7 +27,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 
-def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps: int, num_stages: int) -> dict:
+def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps: int, num_stages: int,
+                 source=ASTSource) -> dict:
     """Compile jitted `fn` for sm_90 with these argument types (`signature`, the constexprs excluded) and
     16-byte divisibility on the `aligned` arguments; returns what the SASS and resource usage say.
 
@@ -40,7 +41,7 @@ def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps:
     constexprs = {**{n: None for n in fn.arg_names if n not in signature and n not in constexprs}, **constexprs}
     signature = {n: signature.get(n, "constexpr") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
-    k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+    k = triton.compile(source(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=num_warps, num_stages=num_stages))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -51,7 +52,8 @@ def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps:
                                check=True).stdout
     return dict(wgmma_ir="warp_group_dot" in k.asm["ttgir"], qgmma=sass.count("QGMMA"), hgmma=sass.count("HGMMA"),
                 usage=re.sub(r"\s+", " ", usage[usage.find("REG:"):]).strip(), smem=k.metadata.shared,
-                global_proxy_fences=k.asm["ptx"].count("fence.proxy.async.global"))
+                global_proxy_fences=k.asm["ptx"].count("fence.proxy.async.global"),
+                wgmma_waits=re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", k.asm["ptx"]))
 
 
 # ---------------------------------------------------------------- the FP8 row kernels, as the launchers call them
@@ -100,6 +102,28 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
                                                        BLOCK_K=128, FP8=True), num_warps, num_stages)
 
 
+def gluon_rows(two_pairs: bool, block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4,
+               sorted_out: bool = False):
+    """The Gluon block-FP8 row GEMM (`fp8_rows_gluon`): GEMM2, dx (`two_pairs`: the launch passes the second
+    pair's descriptors, the kernel branches on the K block) or dgrad's q (`sorted_out`)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels.fp8_rows_gluon import _fp8_rows_kernel
+
+    def desc(rows):
+        return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
+
+    sig = {"a1_desc": desc(block_m), "b1_desc": desc(block_n), "a2_desc": desc(block_m), "b2_desc": desc(block_n),
+           **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"), **PLAN, "out_ptr": "*bf16",
+           **_types("N KD ND NK1", "i32")}
+    del two_pairs  # the same binary: NK1 (K blocks of both pairs) is a runtime argument
+    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
+    return compile_sm90(_fp8_rows_kernel, sig, dict(SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=128 // block_m,
+                                                    BLOCK_N=block_n, STAGES=stages, num_warps=num_warps),
+                        aligned, num_warps, 1, source=GluonASTSource)
+
+
 def dswiglu_fp8(num_warps: int):
     """Block-FP8 dgrad's elementwise half: dSwiGLU and the quantization of dg, du (rows, token tiles), s*h."""
     from titan_megamoe.kernels.dgrad_swiglu import _dswiglu_fp8_kernel
@@ -142,6 +166,9 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
     "dgrad q 128 rows 8 warps": lambda: grouped_gemm(128, False, sorted_out=True),
     "dgrad q 64 rows 4 warps": lambda: grouped_gemm(128, False, block_m=64, num_warps=4, sorted_out=True),
+    "gluon gemm2/dx 64 rows 4 warps": lambda: gluon_rows(False),
+    "gluon dgrad q 64 rows 4 warps": lambda: gluon_rows(False, sorted_out=True),
+    "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(False, block_m=128, num_warps=8),
     "dswiglu fp8 8 warps": lambda: dswiglu_fp8(8),
     "dswiglu fp8 16 warps": lambda: dswiglu_fp8(16),
 }
@@ -150,6 +177,7 @@ if __name__ == "__main__":
     for name in sys.argv[1:] or JOBS:
         try:
             r = JOBS[name]()
-            print(f"{name:28s} QGMMA {r['qgmma']} HGMMA {r['hgmma']} {r['usage'][:40]} smem {r['smem']}", flush=True)
+            print(f"{name:32s} QGMMA {r['qgmma']} HGMMA {r['hgmma']} {r['usage'][:40]} smem {r['smem']} "
+                  f"wgmma waits {r['wgmma_waits']}", flush=True)
         except Exception as e:  # one kernel's compile error must not hide the others' rows
-            print(f"{name:28s} ERROR {str(e)[:300]}", flush=True)
+            print(f"{name:32s} ERROR {str(e)[:300]}", flush=True)

@@ -180,11 +180,16 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
         raise ValueError(f"router_topk: top_k must be in [1, {E}], got {top_k}")
 
 
-def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
+GLUON_KERNELS = ("gemm2", "dgrad_swiglu", "dx")  # the block-FP8 row GEMMs `kernels.fp8_rows_gluon` implements
+
+
+def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None = None) -> None:
     """A forced tile config must fit its kernel: row-tiled kernels take the plan's tiles whole or in equal
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
     for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only
-    for the row-tiled kernels, sorted_copy only for the weight gradients with tma."""
+    for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
+    block-FP8 GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
+    it: a table entry's)."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 
@@ -203,6 +208,21 @@ def check_tile_config(kernel: str, cfg, row_block_m: int) -> None:
     if cfg.warp_specialize and not (kernel in ("gemm2", "dx") or (kernel in WGRAD and cfg.sorted_copy)):
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) and to the weight gradients "
                          f"with sorted_copy only")
+    if cfg.gluon:
+        if kernel not in GLUON_KERNELS or precision not in (None, "fp8"):
+            raise ValueError(f"{kernel}: gluon applies to block FP8 {', '.join(GLUON_KERNELS)} only"
+                             + (f", not to {precision}" if precision not in (None, "fp8") else ""))
+        wrong = [why for bad, why in (
+            (not cfg.tma, "tma=True (both operands come through TMA)"),
+            (cfg.block_k != 128, "block_k 128 (one scale block)"),
+            (128 % cfg.block_n != 0, "block_n dividing 128 (a weight tile inside one scale block)"),
+            (cfg.block_m % (16 * cfg.num_warps) != 0, "block_m a multiple of 16 * num_warps (16 rows per warp)"),
+            (cfg.warp_specialize, "warp_specialize=False"),
+            (cfg.group_m != 1, "group_m 1"),
+            (kernel == "dgrad_swiglu" and not cfg.split, "split=True for dgrad (the kernel is its GEMM alone)"),
+        ) if bad]
+        if wrong:
+            raise ValueError(f"{kernel}: the gluon kernel needs {'; '.join(wrong)}; got {cfg}")
 
 
 EP_TRANSPORTS = ("all_to_all", "symm_mem")

@@ -42,6 +42,9 @@ class TileConfig:
     # weight gradients (bf16) with tma: the gathered operand (dout for dW2, x for dW1/dW3) copied into
     # sorted order first, so both operands come through TMA (mainloop.varlen_mainloop)
     sorted_copy: bool = False
+    # block FP8 gemm2, dgrad_swiglu's GEMM and dx only: the Gluon kernel that overlaps each K block's
+    # scaling with the next block's MMA (`fp8_rows_gluon`; GPU only, both operands through TMA, so tma too)
+    gluon: bool = False
 
     @classmethod
     def from_record(cls, raw: "list | dict") -> "TileConfig":
@@ -187,7 +190,7 @@ def use_tile_table(path: "str | Path | None") -> str | None:
                     raise ValueError(f"{where}: unknown kernel; valid: {', '.join(KERNELS)}")
                 try:
                     cfg = TileConfig.from_record(rec)
-                    check_tile_config(kernel, cfg, ROW_BLOCK_M)
+                    check_tile_config(kernel, cfg, ROW_BLOCK_M, precision)
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"{where}: {e}") from None
                 table.setdefault(precision, {}).setdefault(shape, {})[kernel] = cfg

@@ -32,6 +32,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import new_output
+from .launch import launch
 
 # Gluon is experimental and renames things between releases (3.6 is the H200's Triton, CI's torch brings
 # a newer one): the TMA load was `async_copy_global_to_shared`, now `async_load`; the CTA barrier likewise
@@ -154,14 +155,17 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,
                  a2: BlockScaled | None = None, b2: BlockScaled | None = None, sorted_out: bool = False,
-                 block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4) -> torch.Tensor:
+                 block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """out [N, nd]: sum over the pairs of A_p B_e^T with block scales, by sorted row (`sorted_out`) or in
-    routed-row order. a: sorted rows [N, KD] e4m3; b: the expert weight stored [E, nd, KD] e4m3."""
+    routed-row order. a: sorted rows [N, KD] e4m3; b: the expert weight stored [E, nd, KD] e4m3. `out`: the
+    [N, nd] tensor to write (allocated when None)."""
     N, kd = a1.data.shape
     E = b1.data.shape[0]
     assert b1.data.shape == (E, nd, kd) and kd % BLOCK_K == 0 and nd % BLOCK_K == 0, (b1.data.shape, nd, kd)
     assert BLOCK_K % block_n == 0 and plan.layout.block_m % block_m == 0, (block_n, block_m)
-    out = new_output((N, nd), out_dtype, a1.data.device)
+    if out is None:
+        out = new_output((N, nd), out_dtype, a1.data.device)
     sub_tiles = plan.layout.block_m // block_m
     grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, block_n),)
     if grid[0] == 0:
@@ -171,8 +175,8 @@ def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, o
     descs = [d for a, b in pairs for d in (_descriptor(a.data, block_m), _descriptor(b.data, block_n))]
     scales = [t.scale for a, b in pairs for t in (a, b)]
     kb = kd // BLOCK_K
-    _fp8_rows_kernel[grid](
-        descs[0], descs[1], descs[2], descs[3], scales[0], scales[1], scales[2], scales[3],
+    launch(
+        _fp8_rows_kernel, grid, descs[0], descs[1], descs[2], descs[3], scales[0], scales[1], scales[2], scales[3],
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, 2 * kb if two else kb,
         SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=sub_tiles, BLOCK_N=block_n, STAGES=stages,
         num_warps=num_warps)

@@ -35,6 +35,7 @@ from .common import INTERPRET, matrix_descriptor, new_output, tma_ok
 from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
+from .fp8_rows_gluon import fp8_row_gemm
 from .mainloop import row_mainloop
 from .peer_rows import store_rows_to_peers, wait_for_expert_rows
 from .schedule import row_tile
@@ -120,6 +121,7 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
             precision, sorted_out=False, peers: PeerRows | None = None, arrivals=None):
     fp8 = isinstance(a1, BlockScaled)
     two_pairs = b2 is not None
+    a1_q, b1_q, a2_q, b2_q = a1, b1, a2, b2  # the BlockScaled operands (the Gluon kernel takes them whole)
     # one pair: the second operands are None (the kernel reads them only with TWO_PAIRS), so the launch
     # neither builds nor converts descriptors for them; likewise no scale pointers without FP8
     scales = [t.scale if t is not None else None for t in (a1, b1, a2, b2)] if fp8 else [None] * 4
@@ -138,6 +140,16 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
             "block FP8 takes K-major weights, 128-wide K blocks and weight tiles inside one 128-column block"
     operands = (a1, b1, a2, b2) if two_pairs else (a1, b1)
     use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(*operands)
+    if cfg.gluon:
+        if not fp8 or INTERPRET:
+            raise ValueError(f"tile config {kernel_name}: gluon runs block FP8 on a GPU only (Triton's interpreter "
+                             f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
+        if use_tma and peers is None and arrivals is None:
+            return fp8_row_gemm(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
+                                block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
+                                stages=cfg.num_stages, out=out)
+        # expert parallelism over symmetric memory (stores to peers, waits for arriving rows) and operands
+        # TMA cannot cover run the Triton kernel below: the same block-FP8 math, the promotion not overlapped
     if use_tma:
         b_block = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
         a1, b1 = matrix_descriptor(a1, [cfg.block_m, cfg.block_k]), matrix_descriptor(b1, b_block)

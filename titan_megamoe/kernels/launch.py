@@ -9,7 +9,7 @@ sets the step time (30B-A3B at T=512 ran at 0.95x stock back-to-back).
 `launch` keys each call on a summary that is at least as fine as Triton's specialization, which depends
 only on: a tensor's dtype and whether its address is a multiple of 16; an integer's width class
 (i32 / i64 / u64), whether it is 1 and whether it is a multiple of 16; a TMA descriptor's dtype and
-block shape; constexprs and launch options by value. The summary keeps exactly those (plus the device and
+block shape (a Gluon descriptor's also its layout); constexprs and launch options by value. The summary keeps exactly those (plus the device and
 the argument names given by keyword). The first call with a new summary goes through Triton, which
 compiles or finds the kernel and launches it; the compiled kernel is kept under the summary and later
 calls launch it directly. `tests/test_launch.py` checks on the GPU that the kernel picked is the one
@@ -26,6 +26,7 @@ import inspect
 
 import torch
 import triton
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .common import INTERPRET
@@ -43,6 +44,8 @@ def _summary(arg):
         return "int", arg == 1, arg % 16 == 0, arg in _I32, arg in _I64
     if kind is TensorDescriptor:
         return "desc", arg.base.dtype, tuple(arg.block_shape), getattr(arg, "padding", None)
+    if kind is GluonTensorDescriptor:  # Gluon's also carry their shared-memory layout (`fp8_rows_gluon`)
+        return "gluon desc", arg.base.dtype, tuple(arg.block_shape), repr(arg.layout), arg.padding
     if arg is None or kind is bool or kind is float:
         return kind, arg if kind is not float else None
     return kind, arg  # anything else by value (hashable, or the call goes through Triton)

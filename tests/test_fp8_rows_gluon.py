@@ -1,0 +1,136 @@
+"""The Gluon block-FP8 row GEMM (`kernels.fp8_rows_gluon`: GEMM2, dgrad's q, dx with the promotion
+overlapped) against the Triton kernel it stands in for, and its config rules.
+
+Gluon does not run in Triton's CPU interpreter, so on CPU the kernel is compiled for sm_90 (what the
+overlap is: the main loop waits with one wgmma group still in flight) and the config checks run; on a
+GPU its outputs are compared with the Triton kernel's on the same quantized operands, outputs poisoned.
+"""
+
+import pytest
+import torch
+
+from moe_cases import make_ids, sm90_compile_results
+
+from titan_megamoe.kernels.configs import TileConfig, override_tile_config
+
+GPU = torch.cuda.is_available()
+
+_SM90_GLUON = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import gluon_rows
+jobs = {"gemm2 64x128 4 warps": gluon_rows(False), "dgrad q 64x128 4 warps": gluon_rows(False, sorted_out=True),
+        "gemm2 128x128 8 warps": gluon_rows(False, block_m=128, num_warps=8)}
+print(json.dumps({k: {f: r[f] for f in ("qgmma", "usage", "wgmma_waits")} for k, r in jobs.items()}))
+"""
+
+
+def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
+    """Compiled for sm_90 on the CPU: FP8 wgmma, no spill, and inside the K loop a wait that leaves one
+    group outstanding (`wgmma.wait_group 1`: block k's MMA runs while block k-1's product is scaled), the
+    last block waited for fully. The Triton kernels wait for 0 after every MMA."""
+    import re
+
+    got = sm90_compile_results(_SM90_GLUON, timeout=300)
+    for name, r in got.items():
+        assert r["qgmma"] > 0, f"{name}: no QGMMA in the SASS"
+        stack = re.search(r"STACK:(\d+)", r["usage"])
+        assert stack is not None and int(stack.group(1)) == 0, f"{name}: register spills: {r['usage']}"
+        assert r["wgmma_waits"] == ["1", "0"], f"{name}: wgmma waits {r['wgmma_waits']}, want ['1', '0']"
+
+
+@pytest.mark.parametrize("kernel,cfg,message", [
+    ("gemm1_swiglu", TileConfig(64, 64, 128, 4, 4, tma=True, gluon=True), "block FP8 gemm2, dgrad_swiglu, dx only"),
+    ("gemm2", TileConfig(64, 128, 128, 4, 4, gluon=True), "tma=True"),
+    ("gemm2", TileConfig(64, 128, 64, 4, 4, tma=True, gluon=True), "block_k 128"),
+    ("gemm2", TileConfig(64, 128, 128, 8, 4, tma=True, gluon=True), "16 * num_warps"),
+    ("dgrad_swiglu", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True), "split=True for dgrad"),
+    ("dx", TileConfig(64, 256, 128, 4, 4, tma=True, gluon=True), "block_n dividing 128"),
+])
+def test_gluon_config_rules(kernel, cfg, message):
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        with override_tile_config(kernel, cfg):
+            pass
+
+
+def test_gluon_config_rejected_for_bf16_table_entries(tmp_path):
+    import json
+
+    from titan_megamoe.kernels.configs import use_tile_table
+
+    path = tmp_path / "table.json"
+    cfg = TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True).to_record()
+    path.write_text(json.dumps({"configs": {"bf16": {"2048x768": {"gemm2": cfg}}}}))
+    with pytest.raises(ValueError, match="not to bf16"):
+        use_tile_table(path)
+    path.write_text(json.dumps({"configs": {"fp8": {"2048x768": {"gemm2": cfg}}}}))
+    try:
+        assert use_tile_table(path)
+    finally:
+        use_tile_table(None)
+
+
+def test_gluon_config_stops_in_the_interpreter():
+    """Forced onto a launch the interpreter runs, the gluon config is an error that names why, not a quiet
+    switch to the Triton kernel."""
+    if GPU:
+        pytest.skip("checks the interpreter's message; the GPU runs the kernel (test below)")
+    from titan_megamoe.kernels.grouped_gemm import expert_down_proj
+    from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    T, K, E, D, H = 8, 2, 4, 128, 128
+    ids = make_ids(T, E, K, "random", torch.Generator().manual_seed(0))
+    plan = build_routing_plan(ids, E, 128)
+    h = quantize_rows(torch.randn(T * K, H, dtype=torch.bfloat16))
+    w2, _ = quantize_weight_pair(torch.randn(E, D, H, dtype=torch.bfloat16))
+    with override_tile_config("gemm2", TileConfig(64, 64, 128, 4, 1, tma=True, gluon=True)):
+        with pytest.raises(ValueError, match="cannot run Gluon"):
+            expert_down_proj(h, w2, plan, torch.bfloat16, "fp8")
+
+
+GPU_CASES = [  # T, D, H, E, K, routing
+    pytest.param(16384, 2048, 768, 128, 8, "random", id="30b-a3b"),
+    pytest.param(4096, 4096, 1536, 128, 8, "skewed", id="235b-a22b-skewed"),
+    pytest.param(777, 512, 256, 40, 5, "empty_experts", id="odd-empty-experts"),
+    pytest.param(300, 256, 384, 8, 2, "one_expert", id="one-hot-expert"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
+@pytest.mark.parametrize("shape", [(64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 3)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
+def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
+    """GEMM2, dgrad's q and dx through the Gluon kernel equal the Triton kernel's outputs on the same
+    quantized operands to within one bf16 rounding (both add the K blocks' scaled products in the same
+    order into fp32), every row written (outputs NaN-poisoned first)."""
+    from titan_megamoe.kernels import grouped_gemm as gg
+    from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
+    block_m, block_n, warps, stages = shape
+    torch.manual_seed(T)
+    ids = make_ids(T, E, K, routing, torch.Generator().manual_seed(T)).cuda()
+    plan = build_routing_plan(ids, E, 128)
+    N = T * K
+    w1, w3 = (torch.randn(E, H, D, device="cuda", dtype=torch.bfloat16) / D**0.5 for _ in range(2))
+    w2 = torch.randn(E, D, H, device="cuda", dtype=torch.bfloat16) / H**0.5
+    (_, w1t), (_, w3t), (w2q, w2t) = (quantize_weight_pair(w) for w in (w1, w3, w2))
+    dout, h, dg, du = (quantize_rows(torch.randn(N, c, device="cuda", dtype=torch.bfloat16)) for c in (D, H, H, H))
+    calls = {
+        "dgrad_swiglu": lambda: gg.expert_h_grad(dout, w2t, plan, torch.bfloat16, "fp8"),
+        "gemm2": lambda: gg.expert_down_proj(h, w2q, plan, torch.bfloat16, "fp8"),
+        "dx": lambda: gg.expert_input_grad(dg, du, w1t, w3t, plan, torch.bfloat16, "fp8"),
+    }
+    for kernel, call in calls.items():
+        want = call()
+        cfg = TileConfig(block_m, block_n, 128, warps, stages, tma=True, split=kernel == "dgrad_swiglu", gluon=True)
+        with override_tile_config(kernel, cfg):
+            got = call()
+        assert not got.isnan().any(), f"{kernel}: rows left unwritten (NaN poison)"
+        diff = (got.float() - want.float()).abs() / want.float().abs().clamp_min(1e-2)
+        assert diff.max() <= 2**-7, f"{kernel}: max relative difference {diff.max():.3e} from the Triton kernel"
