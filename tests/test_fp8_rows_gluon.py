@@ -134,3 +134,33 @@ def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing,
         assert not got.isnan().any(), f"{kernel}: rows left unwritten (NaN poison)"
         diff = (got.float() - want.float()).abs() / want.float().abs().clamp_min(1e-2)
         assert diff.max() <= 2**-7, f"{kernel}: max relative difference {diff.max():.3e} from the Triton kernel"
+
+
+@pytest.mark.parametrize("two_pairs", [False, True])
+def test_gluon_launcher_host_path(monkeypatch, two_pairs):
+    """Everything `fp8_row_gemm` does on the host, on CPU with the launch stubbed (the kernel needs a GPU):
+    descriptors over the right matrices and blocks, the grid over (plan tiles x sub-tiles x N-tiles), the K
+    blocks of both pairs, the output it returns."""
+    from titan_megamoe.kernels import fp8_rows_gluon as m
+    from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    T, K, E, D, H = 40, 2, 4, 256, 384
+    ids = make_ids(T, E, K, "skewed", torch.Generator().manual_seed(1))
+    plan = build_routing_plan(ids, E, 128)
+    a = quantize_rows(torch.randn(T * K, H, dtype=torch.bfloat16))
+    _, wt = quantize_weight_pair(torch.randn(E, H, D, dtype=torch.bfloat16))  # W^T [E, D, H]: n = D, k = H
+    seen = {}
+    monkeypatch.setattr(m, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
+                                                                                     kw=kw))
+    pair2 = dict(a2=a, b2=wt) if two_pairs else {}
+    out = m.fp8_row_gemm(a, wt, plan, D, torch.bfloat16, block_m=64, block_n=128, num_warps=4, stages=3, **pair2)
+    assert out.shape == (T * K, D) and out.dtype == torch.bfloat16
+    assert seen["kernel"] is m._fp8_rows_kernel
+    assert seen["grid"] == (plan.layout.num_tiles * 2 * (D // 128),)
+    descs = seen["args"][:4]
+    assert [list(d.block_shape) for d in descs] == [[64, 128], [128, 128]] * 2
+    assert list(descs[1].shape) == [E * D, H]  # the weight viewed as a matrix, expert e at rows e * D
+    N, KD, ND, NK1 = seen["args"][-4:]
+    assert (N, KD, ND) == (T * K, H, D) and NK1 == (2 if two_pairs else 1) * H // 128
+    assert seen["kw"] == dict(SORTED_OUT=False, BLOCK_M=64, SUB_TILES=2, BLOCK_N=128, STAGES=3, num_warps=4)

@@ -38,7 +38,8 @@ from .launch import launch
 # a newer one): the TMA load was `async_copy_global_to_shared`, now `async_load`; the CTA barrier likewise
 _tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # 3.6: thread_barrier; later: barrier
-BLOCK_K = gl.constexpr(128)  # one scale block along the reduction (a constexpr global: jitted code reads it)
+SCALE_BLOCK = 128  # one scale block along the reduction (host code)
+BLOCK_K = gl.constexpr(SCALE_BLOCK)  # the same for jitted code (which reads constexpr globals only)
 
 
 @gluon.jit
@@ -149,8 +150,8 @@ def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_p
 
 def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     t = t.reshape(-1, t.shape[-1])
-    layout = gl.NVMMASharedLayout.get_default_for([rows, BLOCK_K], gl.float8e4nv)
-    return TensorDescriptor.from_tensor(t, [rows, BLOCK_K], layout)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, SCALE_BLOCK], gl.float8e4nv)
+    return TensorDescriptor.from_tensor(t, [rows, SCALE_BLOCK], layout)
 
 
 def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,
@@ -162,8 +163,8 @@ def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, o
     [N, nd] tensor to write (allocated when None)."""
     N, kd = a1.data.shape
     E = b1.data.shape[0]
-    assert b1.data.shape == (E, nd, kd) and kd % BLOCK_K == 0 and nd % BLOCK_K == 0, (b1.data.shape, nd, kd)
-    assert BLOCK_K % block_n == 0 and plan.layout.block_m % block_m == 0, (block_n, block_m)
+    assert b1.data.shape == (E, nd, kd) and kd % SCALE_BLOCK == 0 and nd % SCALE_BLOCK == 0, (b1.data.shape, nd, kd)
+    assert SCALE_BLOCK % block_n == 0 and plan.layout.block_m % block_m == 0, (block_n, block_m)
     if out is None:
         out = new_output((N, nd), out_dtype, a1.data.device)
     sub_tiles = plan.layout.block_m // block_m
@@ -174,7 +175,7 @@ def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, o
     pairs = [(a1, b1), (a2, b2) if two else (a1, b1)]
     descs = [d for a, b in pairs for d in (_descriptor(a.data, block_m), _descriptor(b.data, block_n))]
     scales = [t.scale for a, b in pairs for t in (a, b)]
-    kb = kd // BLOCK_K
+    kb = kd // SCALE_BLOCK
     launch(
         _fp8_rows_kernel, grid, descs[0], descs[1], descs[2], descs[3], scales[0], scales[1], scales[2], scales[3],
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, 2 * kb if two else kb,
