@@ -58,6 +58,11 @@ def main():
 
     torch.manual_seed(0)
     rows_out = []
+    path = result_path(a.out, "bench_fp8_gluon")
+
+    def save():  # after every kernel: a run cut short by a time limit keeps what it measured
+        with open(path, "w") as f:
+            json.dump({"environment": environment(), "rows": rows_out}, f, indent=1)
     for shape in a.shapes:
         T, K, E, D, H = SHAPES[shape]
         N = T * K
@@ -149,9 +154,8 @@ def main():
                     print(f"  gluon {bm}x{bn} w{warps} s{stages}: {rec['error']}", flush=True)
                 row["gluon"].append(rec)
             rows_out.append(row)
-    path = result_path(a.out, "bench_fp8_gluon")
-    with open(path, "w") as f:
-        json.dump({"environment": environment(), "rows": rows_out}, f, indent=1)
+            save()
+    save()
     print(f"wrote {path}")
 
 
