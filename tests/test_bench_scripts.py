@@ -338,3 +338,16 @@ def test_ncu_layer_reads_ncu_raw_rows(monkeypatch):
         ncu_layer.markdown({"30b-16k fp8 fwd+bwd": [first, second]})
     with pytest.raises(ValueError, match="no ncu CSV header"):
         ncu_layer.parse_raw("==PROF== No kernels were profiled.\n")
+
+
+def test_gluon_bench_says_it_needs_a_gpu():
+    """scripts/bench_fp8_gluon.py imports and parses its arguments on CPU, then stops with a clear message."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the script runs for real (docs/results/bench_fp8_gluon_*.json)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "scripts/bench_fp8_gluon.py", "--shapes", "30b"], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
