@@ -133,7 +133,8 @@ def main():
                     os.environ.pop("TITAN_MEGAMOE_POISON")
                     diff = (out.float() - ref.float()).abs()
                     rec["nan"] = bool(out.isnan().any())
-                    rec["bitwise_equal_fraction"] = float((out.view(torch.int16) == ref.view(torch.int16)).float().mean())
+                    same_bits = out.view(torch.int16) == ref.view(torch.int16)
+                    rec["bitwise_equal_fraction"] = float(same_bits.float().mean())
                     rec["max_rel_diff_vs_triton"] = float((diff / ref.float().abs().clamp_min(1e-3)).max())
                     rec["rel_err_vs_fp64"] = err(out)
                     ok = not rec["nan"] and rec["rel_err_vs_fp64"] <= 1.01 * row["triton_rel_err_vs_fp64"] + 1e-6 \
@@ -146,8 +147,9 @@ def main():
                         rec["speedup_vs_triton"] = t_us / us
                     timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)"
                               if ok else "WRONG, not timed")
-                    print(f"  gluon {bm}x{bn} w{warps} s{stages}: {timing}; bitwise {rec['bitwise_equal_fraction']:.4f}, "
-                          f"max rel diff {rec['max_rel_diff_vs_triton']:.2e}, err {rec['rel_err_vs_fp64']:.2e}", flush=True)
+                    print(f"  gluon {bm}x{bn} w{warps} s{stages}: {timing}; bitwise "
+                          f"{rec['bitwise_equal_fraction']:.4f}, max rel diff {rec['max_rel_diff_vs_triton']:.2e}, "
+                          f"err {rec['rel_err_vs_fp64']:.2e}", flush=True)
                 except Exception as e:  # a variant that fails to compile or launch is reported, the rest still run
                     os.environ.pop("TITAN_MEGAMOE_POISON", None)
                     rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"

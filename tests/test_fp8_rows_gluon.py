@@ -101,7 +101,8 @@ GPU_CASES = [  # T, D, H, E, K, routing
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
-@pytest.mark.parametrize("shape", [(64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 3)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(64, 128, 4, 4), (128, 128, 8, 3), (64, 64, 4, 3)],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
 def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
     """GEMM2, dgrad's q and dx through the Gluon kernel equal the Triton kernel's outputs on the same
