@@ -31,16 +31,6 @@ VARIANTS = [  # block_m, block_n, warps, stages
     (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 4, 5), (128, 128, 8, 3), (128, 128, 8, 4), (64, 64, 4, 4)]
 
 
-def _dequant_rows(q, rows):
-    d = q.data[rows].double()
-    return d * q.scale[rows].double().repeat_interleave(128, dim=1)
-
-
-def _dequant_weight(q, e):
-    s = q.scale[e].double().repeat_interleave(128, 0).repeat_interleave(128, 1)
-    return q.data[e].double() * s
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
@@ -52,6 +42,8 @@ def main():
     from triton.testing import do_bench
 
     from titan_megamoe.kernels import grouped_gemm as gg
+    from titan_megamoe.precision import BlockScaled
+    from titan_megamoe.quant import dequantize
     from titan_megamoe.kernels.fp8_rows_gluon import fp8_row_gemm
     from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
     from titan_megamoe.kernels.routing_meta import build_routing_plan
@@ -104,7 +96,10 @@ def main():
                 for e in (0, E // 2, E - 1):
                     r = rows_of(e)
                     sel = (check_rows >= off[e]) & (check_rows < off[e + 1])
-                    exact[sel] += _dequant_rows(A, r) @ _dequant_weight(B, e).T
+                    # quant.dequantize is exact (power-of-two scales), so float64 of it is too
+                    rows_q = BlockScaled(A.data[r], A.scale[r], A.block)
+                    w_q = BlockScaled(B.data[e], B.scale[e], B.block)
+                    exact[sel] += dequantize(rows_q).double() @ dequantize(w_q).double().T
 
             def err(out):
                 o = out[out_rows].double()

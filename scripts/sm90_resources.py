@@ -102,10 +102,9 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
                                                        BLOCK_K=128, FP8=True), num_warps, num_stages)
 
 
-def gluon_rows(two_pairs: bool, block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4,
-               sorted_out: bool = False):
-    """The Gluon block-FP8 row GEMM (`fp8_rows_gluon`): GEMM2, dx (`two_pairs`: the launch passes the second
-    pair's descriptors, the kernel branches on the K block) or dgrad's q (`sorted_out`)."""
+def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False):
+    """The Gluon block-FP8 row GEMM (`fp8_rows_gluon`): GEMM2 and dx are one binary (dx's second pair is
+    runtime arguments and K blocks), dgrad's q the `sorted_out` one."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -117,7 +116,6 @@ def gluon_rows(two_pairs: bool, block_m: int = 64, block_n: int = 128, num_warps
     sig = {"a1_desc": desc(block_m), "b1_desc": desc(block_n), "a2_desc": desc(block_m), "b2_desc": desc(block_n),
            **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"), **PLAN, "out_ptr": "*bf16",
            **_types("N KD ND NK1", "i32")}
-    del two_pairs  # the same binary: NK1 (K blocks of both pairs) is a runtime argument
     aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
     return compile_sm90(_fp8_rows_kernel, sig, dict(SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=128 // block_m,
                                                     BLOCK_N=block_n, STAGES=stages, num_warps=num_warps),
@@ -166,9 +164,9 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
     "dgrad q 128 rows 8 warps": lambda: grouped_gemm(128, False, sorted_out=True),
     "dgrad q 64 rows 4 warps": lambda: grouped_gemm(128, False, block_m=64, num_warps=4, sorted_out=True),
-    "gluon gemm2/dx 64 rows 4 warps": lambda: gluon_rows(False),
-    "gluon dgrad q 64 rows 4 warps": lambda: gluon_rows(False, sorted_out=True),
-    "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(False, block_m=128, num_warps=8),
+    "gluon gemm2/dx 64 rows 4 warps": lambda: gluon_rows(),
+    "gluon dgrad q 64 rows 4 warps": lambda: gluon_rows(sorted_out=True),
+    "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(block_m=128, num_warps=8),
     "dswiglu fp8 8 warps": lambda: dswiglu_fp8(8),
     "dswiglu fp8 16 warps": lambda: dswiglu_fp8(16),
 }

@@ -19,8 +19,8 @@ _SM90_GLUON = r"""
 import json, sys
 sys.path.insert(0, "scripts")
 from sm90_resources import gluon_rows
-jobs = {"gemm2 64x128 4 warps": gluon_rows(False), "dgrad q 64x128 4 warps": gluon_rows(False, sorted_out=True),
-        "gemm2 128x128 8 warps": gluon_rows(False, block_m=128, num_warps=8)}
+jobs = {"gemm2 64x128 4 warps": gluon_rows(), "dgrad q 64x128 4 warps": gluon_rows(sorted_out=True),
+        "gemm2 128x128 8 warps": gluon_rows(block_m=128, num_warps=8)}
 print(json.dumps({k: {f: r[f] for f in ("qgmma", "usage", "wgmma_waits")} for k, r in jobs.items()}))
 """
 

@@ -57,14 +57,15 @@ def _issue_loads(j, nk, stage, a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_sme
 
 
 @gluon.jit
-def _block_scale(j, nk, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off):
-    """sa[rows, kb] * sb[tile's block, kb] of K block j, fp32 per row (zero for rows past the matrix)."""
-    if j < nk:
+def _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off):
+    """sa * sb of K block j (of the first pair below kb, the K blocks per pair, else the second): fp32 per
+    row, zero for rows past the matrix."""
+    if j < kb:
         sa = gl.load(a1s_ptr + rows.to(gl.int64) * kb + j, mask=rows_in, other=0.0)
         sb = gl.load(b1s_ptr + b_scale_off + j)
     else:
-        sa = gl.load(a2s_ptr + rows.to(gl.int64) * kb + (j - nk), mask=rows_in, other=0.0)
-        sb = gl.load(b2s_ptr + b_scale_off + (j - nk))
+        sa = gl.load(a2s_ptr + rows.to(gl.int64) * kb + (j - kb), mask=rows_in, other=0.0)
+        sb = gl.load(b2s_ptr + b_scale_off + (j - kb))
     return sa * sb
 
 
@@ -110,13 +111,13 @@ def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_p
     # K block 0: issued, not waited for
     mbarrier.wait(ready.index(0), 0)
     prev = warpgroup_mma(a_smem.index(0), b_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-    prev_scale = _block_scale(0, kb, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+    prev_scale = _block_scale(0, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
     for j in range(1, total):
         stage = j % STAGES
         mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
         cur = warpgroup_mma(a_smem.index(stage), b_smem.index(stage).permute((1, 0)), zero, use_acc=False,
                             is_async=True)
-        cur_scale = _block_scale(j, kb, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+        cur_scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
         # block j-1's product is done once at most one group (block j's) is in flight; scale it meanwhile
         done = warpgroup_mma_wait(num_outstanding=1, deps=(prev, ))
         acc += done * prev_scale[:, None]
@@ -173,12 +174,13 @@ def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, o
     if grid[0] == 0:
         return out
     two = a2 is not None
-    pairs = [(a1, b1), (a2, b2) if two else (a1, b1)]
-    descs = [d for a, b in pairs for d in (_descriptor(a.data, block_m), _descriptor(b.data, block_n))]
-    scales = [t.scale for a, b in pairs for t in (a, b)]
+    # one pair: the second pair's arguments repeat the first's (the kernel never reads them), built once
+    descs = (_descriptor(a1.data, block_m), _descriptor(b1.data, block_n))
+    descs += (_descriptor(a2.data, block_m), _descriptor(b2.data, block_n)) if two else descs
+    scales = (a1.scale, b1.scale) + ((a2.scale, b2.scale) if two else (a1.scale, b1.scale))
     kb = kd // SCALE_BLOCK
     launch(
-        _fp8_rows_kernel, grid, descs[0], descs[1], descs[2], descs[3], scales[0], scales[1], scales[2], scales[3],
+        _fp8_rows_kernel, grid, *descs, *scales,
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, 2 * kb if two else kb,
         SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=sub_tiles, BLOCK_N=block_n, STAGES=stages,
         num_warps=num_warps)
