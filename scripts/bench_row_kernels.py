@@ -14,7 +14,8 @@
 4. The weight quantizer (`quantize.quantize_weight_pair`: W and W^T in e4m3 from one read of each 128x128
    block) at the Qwen3 and Mixtral expert shapes, bf16 and fp32 weights, for each launch shape (warps,
    blocks per program: `_WEIGHT_LAUNCH`); every variant's four outputs checked
-   bitwise against `quant.quantize_weight` first ("WRONG" and not timed otherwise).
+   bitwise against `quant.quantize_weight` first, outputs poisoned ("WRONG" and not timed otherwise). Then the Gluon
+   quantizer (`quantize_gluon`, one pass for both dtypes) per (warps, exact cast), checked the same way.
 
 Times are `triton.testing.do_bench` medians in microseconds. Writes JSON (environment, rows) to --out.
 
@@ -39,6 +40,7 @@ COPY_SHAPES = [(16384, 2048, 128, 8), (16384, 4096, 128, 8), (8192, 4096, 8, 2),
 WEIGHT_SHAPES = [("30b w1", 128, 768, 2048), ("30b w2", 128, 2048, 768), ("235b w1", 128, 1536, 4096),
                  ("235b w2", 128, 4096, 1536), ("mixtral w1", 8, 14336, 4096)]  # name, E, R, C
 WEIGHT_VARIANTS = [(4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 1), (16, 2)]  # warps, blocks per program
+WEIGHT_GLUON_VARIANTS = [(4, True), (8, True), (4, False), (8, False), (16, False)]  # warps, exact cast
 DSWIGLU_SHAPES = [(131072, 768), (131072, 1536), (16384, 14336), (4096, 768)]  # N, H
 
 
@@ -191,11 +193,11 @@ def bench_fp8_dswiglu(do_bench):
     return rows
 
 
-def bench_weight_quant(do_bench):
+def bench_weight_quant(do_bench, quick: bool = False):
     from titan_megamoe import quant
     from titan_megamoe.kernels import quantize as m
 
-    defaults = dict(m._WEIGHT_LAUNCH)
+    defaults = dict(m._WEIGHT_LAUNCH), dict(m._WEIGHT_GLUON)
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         for name, E, R, C in WEIGHT_SHAPES:
@@ -205,12 +207,24 @@ def bench_weight_quant(do_bench):
                  .expand(E, R // 128, 128, C // 128, 128).reshape(E, R, C)).to(dtype)
             ref = quant.quantize_weight(w), quant.quantize_weight(w.transpose(-2, -1).contiguous())
             nbytes = E * R * C * (w.element_size() + 2) + 2 * E * (R // 128) * (C // 128) * 4
-            for warps, cb in WEIGHT_VARIANTS:
+            triton_variants = [defaults[0][dtype]] if quick else WEIGHT_VARIANTS
+            variants = ([("triton", warps, cb) for warps, cb in triton_variants] +
+                        [("gluon", warps, exact) for warps, exact in WEIGHT_GLUON_VARIANTS])
+            for kernel, warps, knob in variants:
                 r = {"weight": name, "E": E, "R": R, "C": C, "dtype": str(dtype).replace("torch.", ""),
-                     "warps": warps, "col_blocks": cb, "bytes": nbytes}
-                m._WEIGHT_LAUNCH = {dtype: (warps, cb)}
+                     "kernel": kernel, "warps": warps, "bytes": nbytes}
+                if kernel == "triton":
+                    r["col_blocks"] = knob
+                    m._WEIGHT_LAUNCH, m._WEIGHT_GLUON = {dtype: (warps, knob)}, {}
+                else:
+                    r["exact_cast"] = knob
+                    m._WEIGHT_GLUON = {dtype: (warps, knob)}
                 try:
-                    got = m.quantize_weight_pair(w)
+                    os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element the kernel skips is NaN, not stale bits
+                    try:
+                        got = m.quantize_weight_pair(w)
+                    finally:
+                        os.environ.pop("TITAN_MEGAMOE_POISON")
                     bad = [f"{which}.{part}" for which, g, want in zip(("W", "Wt"), got, ref)
                            for part in ("data", "scale")
                            if not torch.equal(getattr(g, part).view(torch.uint8), getattr(want, part).view(torch.uint8))]
@@ -224,10 +238,11 @@ def bench_weight_quant(do_bench):
                 except Exception as e:  # noqa: BLE001 (one variant's compile failure must not stop the others)
                     r["status"] = f"error {type(e).__name__}: {str(e)[:300]}"
                 finally:
-                    m._WEIGHT_LAUNCH = dict(defaults)
+                    m._WEIGHT_LAUNCH, m._WEIGHT_GLUON = dict(defaults[0]), dict(defaults[1])
                 rows.append(r)
                 timing = f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s)" if "us" in r else r["status"]
-                print(f"weight quant {name} {r['dtype']} {warps}w x{cb}: {timing}", flush=True)
+                knob_name = f"x{knob}" if kernel == "triton" else ("exact cast" if knob else "hardware cast")
+                print(f"weight quant {name} {r['dtype']} {kernel} {warps}w {knob_name}: {timing}", flush=True)
             del w, ref
     return rows
 
@@ -235,6 +250,8 @@ def bench_weight_quant(do_bench):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
+    ap.add_argument("--quick", action="store_true",
+                    help="weight_quant: the Triton kernel at its shipped launch shape only, beside every Gluon variant")
     ap.add_argument("--sections", nargs="+", default=["copies", "dswiglu_rows", "fp8_dswiglu"],
                     choices=["copies", "dswiglu_rows", "fp8_dswiglu", "weight_quant"])
     a = ap.parse_args()
@@ -244,7 +261,8 @@ def main():
 
     torch.manual_seed(0)
     sections = {"copies": ("sorted_copies", bench_copies), "dswiglu_rows": ("dswiglu_rows", bench_dswiglu_rows),
-                "fp8_dswiglu": ("fp8_dswiglu", bench_fp8_dswiglu), "weight_quant": ("weight_quant", bench_weight_quant)}
+                "fp8_dswiglu": ("fp8_dswiglu", bench_fp8_dswiglu),
+                "weight_quant": ("weight_quant", functools.partial(bench_weight_quant, quick=a.quick))}
     result = {"environment": environment()}
     for name in a.sections:
         key, fn = sections[name]

@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -53,7 +54,9 @@ def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps:
     return dict(wgmma_ir="warp_group_dot" in k.asm["ttgir"], qgmma=sass.count("QGMMA"), hgmma=sass.count("HGMMA"),
                 usage=re.sub(r"\s+", " ", usage[usage.find("REG:"):]).strip(), smem=k.metadata.shared,
                 global_proxy_fences=k.asm["ptx"].count("fence.proxy.async.global"),
-                wgmma_waits=re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", k.asm["ptx"]))
+                wgmma_waits=re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", k.asm["ptx"]),
+                e4m3_casts=k.asm["ptx"].count("cvt.rn.satfinite.e4m3x2.f32"),
+                global_stores=dict(Counter(re.findall(r"st\.global((?:\.v\d)?\.b\d+)", k.asm["ptx"]))))
 
 
 # ---------------------------------------------------------------- the FP8 row kernels, as the launchers call them
@@ -122,6 +125,21 @@ def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages
                         aligned, num_warps, 1, source=GluonASTSource)
 
 
+def gluon_weight_quant(dtype: str = "bf16", num_warps: int = 8, exact_cast: bool = False):
+    """The Gluon weight quantizer (`quantize_gluon`), W and W^T in one pass, a contiguous weight."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels.quantize_gluon import _weight_pair_kernel
+
+    sig = {"w_ptr": f"*{dtype}", **_types("data_ptr data_t_ptr", "*fp8e4nv"),
+           **_types("scale_ptr scale_t_ptr", "*fp32"),
+           **_types("R C stride_e stride_r", "i32")}
+    aligned = set(sig)
+    return compile_sm90(_weight_pair_kernel, sig, dict(stride_c=1, WRITE_W=True, EXACT_CAST=exact_cast,
+                                                       num_warps=num_warps), aligned, num_warps, 1,
+                        source=GluonASTSource)
+
+
 def dswiglu_fp8(num_warps: int):
     """Block-FP8 dgrad's elementwise half: dSwiGLU and the quantization of dg, du (rows, token tiles), s*h."""
     from titan_megamoe.kernels.dgrad_swiglu import _dswiglu_fp8_kernel
@@ -167,6 +185,8 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon gemm2/dx 64 rows 4 warps": lambda: gluon_rows(),
     "gluon dgrad q 64 rows 4 warps": lambda: gluon_rows(sorted_out=True),
     "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(block_m=128, num_warps=8),
+    "gluon weight quant bf16 8 warps": lambda: gluon_weight_quant(),
+    "gluon weight quant fp32 4 warps exact": lambda: gluon_weight_quant("fp32", 4, True),
     "dswiglu fp8 8 warps": lambda: dswiglu_fp8(8),
     "dswiglu fp8 16 warps": lambda: dswiglu_fp8(16),
 }
@@ -176,6 +196,7 @@ if __name__ == "__main__":
         try:
             r = JOBS[name]()
             print(f"{name:32s} QGMMA {r['qgmma']} HGMMA {r['hgmma']} {r['usage'][:40]} smem {r['smem']} "
-                  f"wgmma waits {r['wgmma_waits']}", flush=True)
+                  f"wgmma waits {r['wgmma_waits']} e4m3 casts {r['e4m3_casts']} stores {r['global_stores']}",
+                  flush=True)
         except Exception as e:  # one kernel's compile error must not hide the others' rows
             print(f"{name:32s} ERROR {str(e)[:300]}", flush=True)

@@ -150,6 +150,37 @@ def test_quantize_weight_pair_strided_and_empty():
     assert W.data.shape == (0, 128, 256) and Wt.scale.shape == (0, 2, 1)
 
 
+@pytest.mark.parametrize("variant", [(4, True), (8, False)])  # (warps, exact cast)
+def test_gluon_weight_quantizer_matches_quant(monkeypatch, variant):
+    """The Gluon weight quantizer (`quantize_gluon`: one pass for bf16 and fp32, W^T through a layout change
+    of the e4m3 tile) is quant.py bit for bit, outputs poisoned: both dtypes, 2-D and per-expert, a strided
+    view, W^T alone. In the interpreter asking for it is an error that says why (Gluon compiles for GPUs
+    only), never the Triton kernel in its place."""
+    from titan_megamoe.kernels import quantize as q
+    from titan_megamoe.kernels.common import INTERPRET
+
+    monkeypatch.setattr(q, "_WEIGHT_GLUON", {torch.bfloat16: variant, torch.float32: variant})
+    if INTERPRET:
+        with pytest.raises(RuntimeError, match="runs on a GPU only, not in Triton's interpreter"):
+            quantize_weight_pair(torch.ones(1, 128, 128))
+        return
+    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
+    for shape, dtype in [((3, 128, 256), torch.bfloat16), ((2, 256, 384), torch.float32), ((256, 128), torch.bfloat16),
+                         ((1, 384, 256), torch.float32)]:
+        w = _hard_values(shape, dtype, seed=len(shape) + shape[-1])
+        W, Wt = quantize_weight_pair(w.to(DEVICE))
+        _assert_bitwise(W, quant.quantize_weight(w), f"gluon W {shape} {dtype} {variant}")
+        _assert_bitwise(Wt, quant.quantize_weight(w.transpose(-2, -1).contiguous()), f"gluon W^T {shape} {dtype}")
+        _assert_bitwise(quantize_weight_transposed(w.to(DEVICE)),
+                        quant.quantize_weight(w.transpose(-2, -1).contiguous()), f"gluon W^T alone {shape} {dtype}")
+        b = _bytes(W.data).reshape(-1)  # the cast's corner cases occur
+        assert bool((b == 0x80).any()) and bool(((b & 0x78) == 0).logical_and((b & 0x07) != 0).any())
+    w = _hard_values((2, 256, 128), seed=5)  # w^T as a view: strides (R*C, 1, R)
+    W, Wt = quantize_weight_pair(w.to(DEVICE).transpose(1, 2))
+    _assert_bitwise(W, quant.quantize_weight(w.transpose(1, 2).contiguous()), "gluon strided W")
+    _assert_bitwise(Wt, quant.quantize_weight(w), "gluon strided W^T")
+
+
 def test_quantize_weight_pair_bad_shapes():
     with pytest.raises(ValueError, match=r"R \(rows\) must be a multiple of 128, got 192.*pad them"):
         quantize_weight_pair(torch.zeros(2, 192, 256, device=DEVICE))
@@ -354,3 +385,44 @@ def test_quantizers_compile_for_sm90():
     usage = sm90_compile_results(_SM90_QUANTIZERS)
     assert len(usage) == 12, sorted(usage)
     assert all("REG:" in u for u in usage.values()), usage
+
+
+_SM90_GLUON_WEIGHT = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import gluon_weight_quant
+jobs = {f"{dtype} {warps}": gluon_weight_quant(dtype, warps, exact) for dtype, warps, exact in
+        [("bf16", 8, False), ("fp32", 4, True), ("bf16", 4, True)]}
+print(json.dumps({k: {f: r[f] for f in ("usage", "e4m3_casts", "global_stores")} for k, r in jobs.items()}))
+"""
+
+
+def test_gluon_weight_quantizer_compiles_to_one_cast_per_element():
+    """Compiled for sm_90 on the CPU: no spill, each element cast to e4m3 once (two per cvt instruction;
+    the Triton kernel casts twice, once per copy), and W^T stored 16 bytes at a time along its rows."""
+    import re
+
+    from moe_cases import sm90_compile_results
+
+    for name, r in sm90_compile_results(_SM90_GLUON_WEIGHT, timeout=300).items():
+        per_thread = 128 * 128 // (32 * int(name.split()[1]))
+        stack = re.search(r"STACK:(\d+)", r["usage"])
+        assert stack is not None and int(stack.group(1)) == 0, f"{name}: register spills: {r['usage']}"
+        assert r["e4m3_casts"] == per_thread // 2, f"{name}: {r['e4m3_casts']} e4m3x2 casts for {per_thread} elements"
+        assert r["global_stores"].get(".v4.b32") == per_thread // 16, f"{name}: stores {r['global_stores']}"
+
+
+def test_gluon_weight_quantizer_host_path(monkeypatch):
+    """The launcher's host code with the launch stubbed (runs on CPU): grid, strides and flags as the kernel
+    expects them. The Gluon row GEMM's first GPU call failed in such host code (2026-12-05)."""
+    from titan_megamoe.kernels import quantize_gluon
+
+    calls = []
+    monkeypatch.setattr(quantize_gluon, "launch", lambda fn, grid, *args, **kw: calls.append((fn, grid, args, kw)))
+    w = torch.zeros(3, 512, 256, dtype=torch.bfloat16).transpose(1, 2)  # [3, 256, 512], strides (R*C, 1, 256)
+    outs = [torch.empty(0) for _ in range(4)]
+    quantize_gluon.weight_pair(w, *outs, write_w=False, num_warps=8, exact_cast=True)
+    (fn, grid, args, kw), = calls
+    assert fn is quantize_gluon._weight_pair_kernel and grid == (4, 2, 3)
+    assert args[5:] == (256, 512, 256 * 512, 1, 256)
+    assert kw == dict(WRITE_W=False, EXACT_CAST=True, num_warps=8)

@@ -151,6 +151,13 @@ def _quantize_weight_pair_kernel(
 _WEIGHT_LAUNCH = {torch.bfloat16: (8, 4), torch.float32: (4, 2)}
 
 
+# The Gluon quantizer (`quantize_gluon`: each element quantized once, W^T stored through a layout change
+# of the e4m3 tile, fp32 weights in one pass) per input dtype: (warps, exact cast). Empty until it has
+# run on a GPU: `bench_row_kernels.py --sections weight_quant` checks it bitwise and times it beside the
+# Triton kernel's launch shapes (docs/kernels.md, "The weight quantizer in Gluon").
+_WEIGHT_GLUON: dict[torch.dtype, tuple[int, bool]] = {}
+
+
 def _weight_launch(dtype: torch.dtype, n_col_blocks: int) -> tuple[int, int]:
     warps, cb = _WEIGHT_LAUNCH[dtype]
     while n_col_blocks % cb:
@@ -193,7 +200,15 @@ def _quantize_weight(where: str, w_ERC: torch.Tensor, want_w: bool):
     data, scale = ((new_output((E, R, C), quant.E4M3, device), new_output((E, R // BLOCK, C // BLOCK), torch.float32,
                                                                           device))
                    if want_w else (data_t, scale_t))  # not written when W is not wanted
-    if E * R * C:
+    if E * R * C and w.dtype in _WEIGHT_GLUON:
+        if INTERPRET:  # never the Triton kernel in its place: a test that asked for Gluon would pass unseen
+            raise RuntimeError(f"{where}: the Gluon weight quantizer runs on a GPU only, not in Triton's "
+                               "interpreter; leave quantize._WEIGHT_GLUON empty there")
+        from . import quantize_gluon  # imported only here: Gluon is experimental
+
+        warps, exact = _WEIGHT_GLUON[w.dtype]
+        quantize_gluon.weight_pair(w, data, scale, data_t, scale_t, want_w, warps, exact)
+    elif E * R * C:
         passes = [(want_w, True)] if w.dtype == torch.bfloat16 or not want_w else [(True, False), (False, True)]
         for write_w, write_wt in passes:
             warps, cb = _weight_launch(w.dtype, C // BLOCK)
