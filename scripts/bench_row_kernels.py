@@ -16,6 +16,8 @@
    blocks per program: `_WEIGHT_LAUNCH`); every variant's four outputs checked
    bitwise against `quant.quantize_weight` first, outputs poisoned ("WRONG" and not timed otherwise). Then the Gluon
    quantizer (`quantize_gluon`, one pass for both dtypes) per (warps, exact cast), checked the same way.
+5. The token-tile quantizers (x's tiles for dW1/dW3; dout's sorted rows and tiles for dgrad and dW2) at the
+   Qwen3 shapes: the shipped Triton kernel, then the Gluon variants checked bitwise against it.
 
 Times are `triton.testing.do_bench` medians in microseconds. Writes JSON (environment, rows) to --out.
 
@@ -247,13 +249,69 @@ def bench_weight_quant(do_bench, quick: bool = False):
     return rows
 
 
+TOKEN_TILE_SHAPES = [("30b", 16384, 2048, 128, 8), ("235b", 16384, 4096, 128, 8)]  # name, T, D, E, K
+TOKEN_TILE_GLUON_VARIANTS = [(4, True), (8, True), (4, False), (8, False)]  # warps, exact cast
+
+
+def bench_token_tiles(do_bench):
+    """x's token tiles (`quantize_token_tiles`, gathered) and dout's sorted rows + tiles (`quantize_sorted_rows(...,
+    with_tiles=True)`): the shipped Triton kernel, then each Gluon variant checked bitwise against it (outputs
+    poisoned; the Triton kernel is quant.py's bits by tests/test_quant_kernels.py) and timed."""
+    from titan_megamoe.kernels import quantize as m
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    default = m._TOKEN_TILE_GLUON
+    rows = []
+    for name, T, D, E, K in TOKEN_TILE_SHAPES:
+        ids = torch.randn(T, E, device="cuda").topk(K, dim=1).indices
+        plan = build_routing_plan(ids, E, 128)
+        src = torch.randn(T, D, device="cuda", dtype=torch.bfloat16) * torch.exp2(
+            torch.randint(-8, 8, (T, 1), device="cuda").float()).to(torch.bfloat16)
+        P = plan.layout.num_tiles * 128
+        for op, fn, nbytes in [("x tiles", lambda: (m.quantize_token_tiles(src, plan),), T * K * D * 2 + D * P),
+                               ("dout rows+tiles", lambda: m.quantize_sorted_rows(src, plan, with_tiles=True),
+                                T * K * D * 3 + D * P)]:  # bf16 rows read, e4m3 rows + tiles written
+            ref = None
+            for kernel, warps, exact in [("triton", m._TOKEN_TILE_WARPS, True)] + [
+                    ("gluon", w, e) for w, e in TOKEN_TILE_GLUON_VARIANTS]:
+                r = {"shape": name, "T": T, "D": D, "E": E, "K": K, "op": op, "kernel": kernel, "warps": warps,
+                     "exact_cast": exact, "bytes": nbytes}
+                m._TOKEN_TILE_GLUON = None if kernel == "triton" else (warps, exact)
+                try:
+                    os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element the kernel skips is NaN, not stale bits
+                    try:
+                        got = [t for q in fn() for t in (q.data, q.scale)]
+                    finally:
+                        os.environ.pop("TITAN_MEGAMOE_POISON")
+                    if ref is None:
+                        ref = got
+                    bad = [i for i, (g, w) in enumerate(zip(got, ref)) if not torch.equal(g.view(torch.uint8),
+                                                                                          w.view(torch.uint8))]
+                    del got
+                    if bad:
+                        r.update(status="WRONG", mismatched_outputs=bad)
+                    else:
+                        r.update(status="ok", us=do_bench(fn, warmup=10, rep=100) * 1e3)
+                        r["gb_per_s"] = nbytes / (r["us"] * 1e-6) / 1e9
+                except Exception as e:  # noqa: BLE001 (one variant's compile failure must not stop the others)
+                    r["status"] = f"error {type(e).__name__}: {str(e)[:300]}"
+                finally:
+                    m._TOKEN_TILE_GLUON = default
+                rows.append(r)
+                timing = f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s)" if "us" in r else r["status"]
+                cast = "exact cast" if exact else "hardware cast"
+                print(f"token tiles {name} {op} {kernel} {warps}w {cast}: {timing}", flush=True)
+            del ref
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--quick", action="store_true",
                     help="weight_quant: the Triton kernel at its shipped launch shape only, beside every Gluon variant")
     ap.add_argument("--sections", nargs="+", default=["copies", "dswiglu_rows", "fp8_dswiglu"],
-                    choices=["copies", "dswiglu_rows", "fp8_dswiglu", "weight_quant"])
+                    choices=["copies", "dswiglu_rows", "fp8_dswiglu", "weight_quant", "token_tiles"])
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_row_kernels.py needs a CUDA GPU")
@@ -262,7 +320,8 @@ def main():
     torch.manual_seed(0)
     sections = {"copies": ("sorted_copies", bench_copies), "dswiglu_rows": ("dswiglu_rows", bench_dswiglu_rows),
                 "fp8_dswiglu": ("fp8_dswiglu", bench_fp8_dswiglu),
-                "weight_quant": ("weight_quant", functools.partial(bench_weight_quant, quick=a.quick))}
+                "weight_quant": ("weight_quant", functools.partial(bench_weight_quant, quick=a.quick)),
+                "token_tiles": ("token_tiles", bench_token_tiles)}
     result = {"environment": environment()}
     for name in a.sections:
         key, fn = sections[name]

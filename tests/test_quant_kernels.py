@@ -288,6 +288,62 @@ def test_quantize_token_tiles_bad_arguments():
         quantize_token_tiles(src[:69], build_routing_plan(ids.to(DEVICE), E, 128))
 
 
+@pytest.mark.parametrize("variant", [(4, True), (8, False)])  # (warps, exact cast)
+def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
+    """The Gluon token-tile quantizer (`quantize_gluon.token_tiles`) is quant.py bit for bit, outputs
+    poisoned: every routing case (empty experts, spare tiles, a 1-row tile, contiguous rows, no rows), tiles
+    alone, rows + tiles, sorted source rows, fp32 source with C = 160. In the interpreter asking for it is
+    an error that says why, never the Triton kernel in its place."""
+    from titan_megamoe.kernels import quantize as q
+    from titan_megamoe.kernels.common import INTERPRET
+
+    monkeypatch.setattr(q, "_TOKEN_TILE_GLUON", variant)
+    if INTERPRET:
+        ids, E = _routing("uniform_k2")
+        with pytest.raises(RuntimeError, match="runs on a GPU only, not in Triton's interpreter"):
+            quantize_token_tiles(torch.ones(ids.shape[0], 128), build_routing_plan(ids, E, 128))
+        return
+    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
+    for case in ["uniform_k2", "k1", "empty_experts", "one_hot_expert", "skewed", "exact_128_and_129", "contiguous",
+                 "no_rows"]:
+        ids, E = _routing(case)
+        src = _hard_values((max(ids.shape[0], 4), 256), seed=E)[: ids.shape[0]]
+        ref_tiles, plan_ref = _token_tile_reference(src, ids, E)
+        ref_rows = quant.quantize_activation(src[plan_ref.order_N.long() // plan_ref.rows_per_token])
+        plan = build_routing_plan(ids.to(DEVICE), E, 128)
+        _assert_bitwise(quantize_token_tiles(src.to(DEVICE), plan), ref_tiles, f"gluon tiles {case}")
+        rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
+        _assert_bitwise(rows, ref_rows, f"gluon rows {case}")
+        _assert_bitwise(tiles, ref_tiles, f"gluon rows + tiles {case}")
+        sorted_src = src[plan_ref.order_N.long() // plan_ref.rows_per_token]
+        _assert_bitwise(quantize_token_tiles(sorted_src.to(DEVICE), plan, sorted_rows=True), ref_tiles,
+                        f"gluon sorted-row tiles {case}")
+    ids, E = _routing("exact_128_and_129")
+    src = _hard_values((ids.shape[0], 256), torch.float32, seed=7)[:, :160]
+    ref, _ = _token_tile_reference(src, ids, E)
+    _assert_bitwise(quantize_token_tiles(src.to(DEVICE), build_routing_plan(ids.to(DEVICE), E, 128)), ref,
+                    "gluon fp32, C=160")
+
+
+def test_gluon_token_tile_quantizer_host_path(monkeypatch):
+    """The launcher's host code with the launch stubbed (runs on CPU): grid, the unused outputs' stand-ins,
+    flags."""
+    from titan_megamoe.kernels import quantize_gluon
+
+    calls = []
+    monkeypatch.setattr(quantize_gluon, "launch", lambda fn, grid, *args, **kw: calls.append((fn, grid, args, kw)))
+    ids, E = _routing("uniform_k2")
+    plan = build_routing_plan(ids, E, 128)
+    src = torch.zeros(ids.shape[0], 384)
+    data, scale = torch.empty(1), torch.empty(2)
+    quantize_gluon.token_tiles(src, plan, 2, True, data, scale, None, None, 4, False)
+    (fn, grid, args, kw), = calls
+    assert fn is quantize_gluon._token_tiles_kernel and grid == (plan.layout.num_tiles, 3)
+    assert args[5] is data and args[6] is scale and args[7] is data and args[8] is data
+    assert args[9:] == (384, plan.layout.num_tiles, 2, 384, 1)
+    assert kw == dict(GATHER=True, WITH_TILES=True, WITH_ROWS=False, EXACT_CAST=False, num_warps=4)
+
+
 @pytest.mark.parametrize("case", ["uniform_k2", "one_hot_expert", "exact_128_and_129", "contiguous", "no_rows"])
 def test_quantize_sorted_rows_matches_quant(case):
     """Rows gathered into sorted order in 1x128 blocks (and, with_tiles, the token tiles from the same read)."""
@@ -391,24 +447,29 @@ _SM90_GLUON_WEIGHT = r"""
 import json, sys
 sys.path.insert(0, "scripts")
 from sm90_resources import gluon_weight_quant
-jobs = {f"{dtype} {warps}": gluon_weight_quant(dtype, warps, exact) for dtype, warps, exact in
+from sm90_resources import gluon_token_tiles
+jobs = {f"weight {dtype} {warps}": gluon_weight_quant(dtype, warps, exact) for dtype, warps, exact in
         [("bf16", 8, False), ("fp32", 4, True), ("bf16", 4, True)]}
+jobs.update({f"tiles{' + rows' * rows} {warps}": gluon_token_tiles(rows, warps, exact) for rows, warps, exact in
+             [(False, 4, True), (True, 4, False), (True, 8, True)]})
 print(json.dumps({k: {f: r[f] for f in ("usage", "e4m3_casts", "global_stores")} for k, r in jobs.items()}))
 """
 
 
-def test_gluon_weight_quantizer_compiles_to_one_cast_per_element():
-    """Compiled for sm_90 on the CPU: no spill, each element cast to e4m3 once (two per cvt instruction;
-    the Triton kernel casts twice, once per copy), and W^T stored 16 bytes at a time along its rows."""
+def test_gluon_quantizers_compile_to_one_cast_per_element():
+    """Compiled for sm_90 on the CPU: no spill, each element cast to e4m3 once per copy (two per cvt
+    instruction; the Triton weight kernel casts twice per copy), and the transposed copy (W^T, token
+    tiles) stored 16 bytes at a time along its rows."""
     import re
 
     from moe_cases import sm90_compile_results
 
     for name, r in sm90_compile_results(_SM90_GLUON_WEIGHT, timeout=300).items():
-        per_thread = 128 * 128 // (32 * int(name.split()[1]))
+        per_thread = 128 * 128 // (32 * int(name.split()[-1]))
+        copies = 2 if "rows" in name else 1  # the weight's W and W^T share one cast
         stack = re.search(r"STACK:(\d+)", r["usage"])
         assert stack is not None and int(stack.group(1)) == 0, f"{name}: register spills: {r['usage']}"
-        assert r["e4m3_casts"] == per_thread // 2, f"{name}: {r['e4m3_casts']} e4m3x2 casts for {per_thread} elements"
+        assert r["e4m3_casts"] == copies * per_thread // 2, f"{name}: {r['e4m3_casts']} casts, {per_thread} elements"
         assert r["global_stores"].get(".v4.b32") == per_thread // 16, f"{name}: stores {r['global_stores']}"
 
 

@@ -277,6 +277,10 @@ _TOKEN_TILE_COLS = 128
 # same outputs: tiles 0.886 (8 warps, 1 block) -> 0.484; rows + tiles 1.107 -> 0.825 (4 warps, 1 block);
 # docs/results/quantize_20261204/qvar_h200.json.
 _TOKEN_TILE_WARPS = 4
+# The Gluon kernel in its place (`quantize_gluon.token_tiles`: each element cast once per copy in its load
+# layout, the token tiles stored through a layout change of the e4m3 tile): (warps, exact cast), or None.
+# None until it has run on a GPU (`bench_row_kernels.py --sections token_tiles`).
+_TOKEN_TILE_GLUON: tuple[int, bool] | None = None
 
 
 def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: bool = False) -> BlockScaled:
@@ -325,7 +329,15 @@ def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool,
                    if tiles else (None, None))
     rows_data, rows_scale = ((new_output((N, C), quant.E4M3, dev), new_output((N, C // BLOCK), torch.float32, dev))
                              if rows else (None, None))
-    if num_tiles and C:
+    if num_tiles and C and _TOKEN_TILE_GLUON is not None:
+        if INTERPRET:  # never the Triton kernel in its place: a test that asked for Gluon would pass unseen
+            raise RuntimeError("quantize_token_tiles / quantize_sorted_rows: the Gluon token-tile quantizer runs on "
+                               "a GPU only, not in Triton's interpreter; leave quantize._TOKEN_TILE_GLUON None there")
+        from . import quantize_gluon  # imported only here: Gluon is experimental
+
+        quantize_gluon.token_tiles(src_RC, plan, K, not sorted_rows, data, scale, rows_data, rows_scale,
+                                   *_TOKEN_TILE_GLUON)
+    elif num_tiles and C:
         some = data if tiles else rows_data
         col_blocks = triton.cdiv(C, _TOKEN_TILE_COLS)
         per_program = 2 if not rows and col_blocks % 2 == 0 else 1

@@ -20,6 +20,7 @@ benchmark checks both bitwise before timing either).
 from __future__ import annotations
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -27,6 +28,14 @@ from .common import E4M3_MAX, e4m3_scale, to_e4m3
 from .launch import launch
 
 BLOCK = 128  # the weight scale block, both dimensions (host code)
+
+
+@gluon.jit
+def _e4m3(x, inv_scale, EXACT_CAST: gl.constexpr):
+    """x * inv_scale in e4m3, saturating: rounded in fp32 first (`common.to_e4m3`) or by the hardware cast."""
+    if EXACT_CAST:
+        return to_e4m3(x, inv_scale, False)
+    return gl.minimum(gl.maximum(x * inv_scale, -E4M3_MAX), E4M3_MAX).to(gl.float8e4nv)
 
 
 @gluon.jit
@@ -44,10 +53,7 @@ def _weight_pair_kernel(w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, R, 
     cols = col_block * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
     w = gl.load(w_ptr + expert * stride_e + rows[:, None] * stride_r + cols[None, :] * stride_c).to(gl.float32)
     scale, inv = e4m3_scale(gl.max(gl.max(gl.abs(w), axis=1), axis=0))
-    if EXACT_CAST:
-        q = to_e4m3(w, inv, False)
-    else:
-        q = gl.minimum(gl.maximum(w * inv, -E4M3_MAX), E4M3_MAX).to(gl.float8e4nv)
+    q = _e4m3(w, inv, EXACT_CAST)
     base = expert * R * C  # both copies hold R * C elements per expert
     n_row_blocks = R // 128
     n_col_blocks = C // 128
@@ -62,6 +68,47 @@ def _weight_pair_kernel(w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, R, 
     gl.store(scale_t_ptr + blocks + col_block * n_row_blocks + row_block, scale)
 
 
+@gluon.jit
+def _token_tiles_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, data_ptr, scale_ptr, rows_ptr,
+                        rows_scale_ptr, C, num_tiles, rows_per_token, stride_r, stride_c, GATHER: gl.constexpr,
+                        WITH_TILES: gl.constexpr, WITH_ROWS: gl.constexpr, EXACT_CAST: gl.constexpr,
+                        num_warps: gl.constexpr):
+    # one plan tile (128 sorted rows of one expert) x 128 columns: data [C, num_tiles * 128] e4m3 and scale
+    # [C, num_tiles] (WITH_TILES: one block per column over the tile's rows, stored transposed); rows [N, C]
+    # and rows_scale [N, C / 128] (WITH_ROWS: one block per row)
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+    st_t: gl.constexpr = gl.BlockedLayout([16, 1], [8, 4], [1, num_warps], [0, 1])
+    tile = gl.program_id(0)
+    col_block = gl.program_id(1)
+    expert = gl.load(tile_expert_ptr + tile)
+    row0 = gl.load(tile_row_ptr + tile)
+    # a spare tile (expert -1, first row 0) ends at 0: it has no rows and is written as zeros
+    end = gl.where(expert >= 0, gl.load(offsets_ptr + gl.maximum(expert, 0) + 1), 0)
+    rows = row0 + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
+    row_ok = rows < end
+    if GATHER:
+        src = gl.load(order_ptr + rows, mask=row_ok, other=0) // rows_per_token
+    else:
+        src = rows
+    cols = col_block * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
+    col_ok = cols < C
+    x = gl.load(src_ptr + src.to(gl.int64)[:, None] * stride_r + cols[None, :] * stride_c,
+                mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(gl.float32)
+    if WITH_ROWS:
+        row_scale, row_inv = e4m3_scale(gl.max(gl.abs(x), axis=1))
+        qr = _e4m3(x, row_inv[:, None], EXACT_CAST)
+        gl.store(rows_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :], qr, mask=row_ok[:, None] & col_ok[None, :])
+        gl.store(rows_scale_ptr + rows.to(gl.int64) * (C // 128) + col_block, row_scale, mask=row_ok)
+    if WITH_TILES:
+        scale, inv = e4m3_scale(gl.max(gl.abs(x), axis=0))
+        q_t = gl.convert_layout(_e4m3(x, inv[None, :], EXACT_CAST), st_t)
+        i_t = gl.arange(0, 128, layout=gl.SliceLayout(1, st_t))
+        cols_t = (col_block * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, st_t))).to(gl.int64)
+        P = num_tiles * 128
+        gl.store(data_ptr + cols_t[None, :] * P + tile * 128 + i_t[:, None], q_t, mask=(cols_t < C)[None, :])
+        gl.store(scale_ptr + cols.to(gl.int64) * num_tiles + tile, scale, mask=col_ok)
+
+
 def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool, num_warps: int,
                 exact_cast: bool) -> None:
     """Fill data_t/scale_t (and data/scale when `write_w`) from w [E, R, C] (R, C multiples of 128; the
@@ -70,3 +117,18 @@ def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool
     launch(_weight_pair_kernel, (C // BLOCK, R // BLOCK, E), w_ERC, data, scale, data_t, scale_t, R, C,
            w_ERC.stride(0), w_ERC.stride(1), w_ERC.stride(2), WRITE_W=write_w, EXACT_CAST=exact_cast,
            num_warps=num_warps)
+
+
+def token_tiles(src_RC: torch.Tensor, plan, K: int, gather: bool, data, scale, rows_data, rows_scale,
+                num_warps: int, exact_cast: bool) -> None:
+    """`quantize._gathered`'s kernel in Gluon: fill the token tiles (data, scale) and/or the sorted rows
+    (rows_data, rows_scale; None where not wanted) from src_RC's rows in the plan's order (gathered through
+    plan.order_N // K, or src_RC's own rows when not `gather`)."""
+    C = src_RC.shape[1]
+    some = data if data is not None else rows_data
+    launch(_token_tiles_kernel, (plan.layout.num_tiles, triton.cdiv(C, BLOCK)), src_RC, plan.order_N,
+           plan.tile_expert, plan.tile_row, plan.offsets_E1,
+           some if data is None else data, some if scale is None else scale,
+           some if rows_data is None else rows_data, some if rows_scale is None else rows_scale,
+           C, plan.layout.num_tiles, K, src_RC.stride(0), src_RC.stride(1), GATHER=gather,
+           WITH_TILES=data is not None, WITH_ROWS=rows_data is not None, EXACT_CAST=exact_cast, num_warps=num_warps)
