@@ -9,8 +9,9 @@
 3. Block FP8 dgrad's elementwise half (`dgrad_swiglu._dswiglu_fp8`) at Qwen3-30B-A3B T=16384: the single
    kernel against the split pair (rows kernel + token-tile kernel) for each setting of its knobs, and each
    kernel of the pair alone; every variant checked bitwise against the single kernel (real rows and real
-   tiles; "WRONG" and not timed otherwise). Times with and without CUDA graphs (the launcher's host work
-   between the timing events).
+   tiles, outputs poisoned; "WRONG" and not timed otherwise). Times with and without CUDA graphs (the
+   launcher's host work between the timing events). Also the one-kernel Gluon version
+   (`dswiglu_fp8_gluon`) per (warps, exact cast); `--quick`: that, the single kernel and the shipped pair.
 4. The weight quantizer (`quantize.quantize_weight_pair`: W and W^T in e4m3 from one read of each 128x128
    block) at the Qwen3 and Mixtral expert shapes, bf16 and fp32 weights, for each launch shape (warps,
    blocks per program: `_WEIGHT_LAUNCH`); every variant's four outputs checked
@@ -109,7 +110,7 @@ def bench_dswiglu_rows(do_bench):
     return rows
 
 
-def bench_fp8_dswiglu(do_bench):
+def bench_fp8_dswiglu(do_bench, quick: bool = False):
     import triton
 
     from titan_megamoe.kernels import dgrad_swiglu as m
@@ -118,7 +119,7 @@ def bench_fp8_dswiglu(do_bench):
     T, K, E, H = 16384, 8, 128, 768
     N = T * K
     knobs = ("_FP8_DSWIGLU_SPLIT", "_FP8_ROWS_BLOCK_M", "_FP8_ROWS_WARPS", "_FP8_TILES_WARPS",
-             "_FP8_TILES_COL_BLOCKS", "_FP8_TILES_BLOCK_N")
+             "_FP8_TILES_COL_BLOCKS", "_FP8_TILES_BLOCK_N", "_FP8_DSWIGLU_GLUON")
     defaults = {k: getattr(m, k) for k in knobs}
     row_keys = ("dg", "dg_scale", "du", "du_scale", "ds_part")
     tile_keys = tuple(f"{n}{k}" for n in ("dgT", "duT", "hsT") for k in ("", "_scale"))
@@ -147,21 +148,30 @@ def bench_fp8_dswiglu(do_bench):
 
     def outputs(k):
         set_knobs(k)
-        dg, du, tiles, ds_part = run()
+        os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element a variant skips is NaN, not a stale right value
+        try:
+            dg, du, tiles, ds_part = run()
+        finally:
+            os.environ.pop("TITAN_MEGAMOE_POISON")
         out = dict(zip(row_keys, (dg.data, dg.scale, du.data, du.scale, ds_part)))
         for name, t in zip(("dgT", "duT", "hsT"), tiles):
             out[name], out[name + "_scale"] = t.data[:, :P], t.scale[:, :real]
         return out
 
     variants = [("single kernel", dict(_FP8_DSWIGLU_SPLIT=False), None, row_keys + tile_keys, single_bytes)]
-    for bm, tw, cb in itertools.product((32, 64), (4, 8), (1, 2)):
+    variants += [(f"gluon single kernel {w}w {'exact' if e else 'hardware'} cast", dict(_FP8_DSWIGLU_GLUON=(w, e)),
+                  None, row_keys + tile_keys, single_bytes) for w, e in [(8, False), (8, True), (16, False), (16, True),
+                                                                         (4, False)]]
+    if quick:
+        variants.append(("split, shipped knobs", {}, None, row_keys + tile_keys, rows_bytes + tiles_bytes))
+    for bm, tw, cb in itertools.product((32, 64), (4, 8), (1, 2)) if not quick else ():
         variants.append((f"split: rows {bm}x128 8w, tiles {tw}w {cb}x128",
                          dict(_FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=8, _FP8_TILES_WARPS=tw,
                               _FP8_TILES_COL_BLOCKS=cb), None, row_keys + tile_keys, rows_bytes + tiles_bytes))
-    for bm, rw in itertools.product((32, 64), (4, 8)):
+    for bm, rw in itertools.product((32, 64), (4, 8)) if not quick else ():
         variants.append((f"rows kernel alone {bm}x128 {rw}w", dict(_FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm,
                          _FP8_ROWS_WARPS=rw), m._dswiglu_fp8_rows_kernel, row_keys, rows_bytes))
-    for tw, cb, step in itertools.product((4, 8), (1, 2), (32, 64, 128)):
+    for tw, cb, step in itertools.product((4, 8), (1, 2), (32, 64, 128)) if not quick else ():
         variants.append((f"tiles kernel alone {tw}w {cb}x128 step {step}",
                          dict(_FP8_DSWIGLU_SPLIT=True, _FP8_TILES_WARPS=tw, _FP8_TILES_COL_BLOCKS=cb,
                               _FP8_TILES_BLOCK_N=step), m._dswiglu_fp8_tiles_kernel, tile_keys, tiles_bytes))
@@ -175,6 +185,11 @@ def bench_fp8_dswiglu(do_bench):
         try:
             got = outputs(k)
             bad = [key for key in keys if not torch.equal(bits(got[key]), bits(ref[key]))]
+            if "ds_part" in bad:  # fp32 sums over a row's 128 columns: another summation order may round differently
+                diff = (got["ds_part"] - ref["ds_part"]).abs().max().item()
+                r["ds_part_max_abs_diff"], r["ds_part_max_abs"] = diff, ref["ds_part"].abs().max().item()
+                if diff <= 1e-5 * r["ds_part_max_abs"]:
+                    bad.remove("ds_part")
             del got
             if bad:
                 r.update(status="WRONG", mismatched=bad)
@@ -309,7 +324,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--quick", action="store_true",
-                    help="weight_quant: the Triton kernel at its shipped launch shape only, beside every Gluon variant")
+                    help="weight_quant, fp8_dswiglu: the Triton kernels at their shipped settings only, beside every "
+                         "Gluon variant")
     ap.add_argument("--sections", nargs="+", default=["copies", "dswiglu_rows", "fp8_dswiglu"],
                     choices=["copies", "dswiglu_rows", "fp8_dswiglu", "weight_quant", "token_tiles"])
     a = ap.parse_args()
@@ -319,7 +335,7 @@ def main():
 
     torch.manual_seed(0)
     sections = {"copies": ("sorted_copies", bench_copies), "dswiglu_rows": ("dswiglu_rows", bench_dswiglu_rows),
-                "fp8_dswiglu": ("fp8_dswiglu", bench_fp8_dswiglu),
+                "fp8_dswiglu": ("fp8_dswiglu", functools.partial(bench_fp8_dswiglu, quick=a.quick)),
                 "weight_quant": ("weight_quant", functools.partial(bench_weight_quant, quick=a.quick)),
                 "token_tiles": ("token_tiles", bench_token_tiles)}
     result = {"environment": environment()}

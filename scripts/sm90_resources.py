@@ -153,6 +153,20 @@ def gluon_token_tiles(with_rows: bool = False, num_warps: int = 4, exact_cast: b
                         set(sig), num_warps, 1, source=GluonASTSource)
 
 
+def gluon_dswiglu_fp8(num_warps: int = 8, exact_cast: bool = False):
+    """The one-kernel Gluon block-FP8 dSwiGLU (`dswiglu_fp8_gluon`)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels.dswiglu_fp8_gluon import _dswiglu_fp8_kernel
+
+    sig = {**_types("q_ptr g_ptr u_ptr", "*bf16"), "scores_ptr": "*fp32", **PLAN,
+           **{n: ("*fp8e4nv" if i % 2 == 0 else "*fp32") for i, n in enumerate(
+               "dg_ptr dg_s_ptr du_ptr du_s_ptr dgt_ptr dgt_s_ptr dut_ptr dut_s_ptr hst_ptr hst_s_ptr".split())},
+           "ds_part_ptr": "*fp32", **_types("H P", "i32")}
+    return compile_sm90(_dswiglu_fp8_kernel, sig, dict(EXACT_CAST=exact_cast, num_warps=num_warps), set(sig),
+                        num_warps, 1, source=GluonASTSource)
+
+
 def dswiglu_fp8(num_warps: int):
     """Block-FP8 dgrad's elementwise half: dSwiGLU and the quantization of dg, du (rows, token tiles), s*h."""
     from titan_megamoe.kernels.dgrad_swiglu import _dswiglu_fp8_kernel
@@ -203,6 +217,9 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon token tiles 4 warps": lambda: gluon_token_tiles(),
     "gluon rows + tiles 4 warps": lambda: gluon_token_tiles(True),
     "gluon rows + tiles 8 warps exact": lambda: gluon_token_tiles(True, 8, True),
+    "gluon dswiglu fp8 8 warps": lambda: gluon_dswiglu_fp8(8),
+    "gluon dswiglu fp8 16 warps exact": lambda: gluon_dswiglu_fp8(16, True),
+    "gluon dswiglu fp8 4 warps": lambda: gluon_dswiglu_fp8(4),
     "dswiglu fp8 8 warps": lambda: dswiglu_fp8(8),
     "dswiglu fp8 16 warps": lambda: dswiglu_fp8(16),
 }

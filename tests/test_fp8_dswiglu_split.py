@@ -99,3 +99,53 @@ def test_split_is_bitwise_the_single_kernel(monkeypatch, knobs, T, H, E, K, rout
 def test_both_paths_quantize_the_bf16_path(monkeypatch, split, T, H, E, K, routing):
     _path(monkeypatch, split)
     check_quant_of_bf16_path(T, 128, H, E, K, routing)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("variant", [(8, False), (16, True)])  # (warps, exact cast)
+@pytest.mark.parametrize("T,H,E,K,routing", CASES)
+def test_gluon_kernel_is_bitwise_the_single_kernel(monkeypatch, variant, T, H, E, K, routing):
+    """The one-kernel Gluon dSwiGLU (`dswiglu_fp8_gluon`) writes the Triton single kernel's bits, outputs
+    poisoned, spare tiles left alone by both. In the interpreter asking for it is an error that says why,
+    never the Triton kernels in its place."""
+    from titan_megamoe.kernels.common import INTERPRET
+
+    case = make_case(T, 128, H, E, K, routing, device=DEVICE, seed=T + H)
+    plan = build_routing_plan(case.ids, E, 128)
+    N = plan.num_rows
+    gen = torch.Generator().manual_seed(T + H)
+    q, g, u = (torch.randn(N, H, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(3))
+    q[0, :128] = 0
+    g[-1, -128:] *= 1e3
+    scores = case.scores.reshape(-1).float()
+    monkeypatch.setattr(dg_mod, "_FP8_DSWIGLU_GLUON", variant)
+    if INTERPRET:
+        with pytest.raises(RuntimeError, match="runs on a GPU only, not in Triton's interpreter"):
+            _outputs(q, g, u, scores, plan)
+        return
+    got = _outputs(q, g, u, scores, plan)
+    monkeypatch.setattr(dg_mod, "_FP8_DSWIGLU_GLUON", None)
+    _path(monkeypatch, split=False)
+    want = _outputs(q, g, u, scores, plan)
+    for name, w in want.items():
+        if name == "ds_part":  # fp32 sums over 128 columns: the summation order may differ (its rounding only)
+            torch.testing.assert_close(got[name], w, rtol=0, atol=1e-5 * float(w.abs().max()))
+        else:
+            assert torch.equal(_bits(got[name]), _bits(w)), name
+
+
+def test_gluon_kernel_host_path(monkeypatch):
+    """The Gluon launcher's host code with the launch stubbed (runs on CPU): grid and argument order."""
+    from titan_megamoe.kernels import dswiglu_fp8_gluon
+
+    calls = []
+    monkeypatch.setattr(dswiglu_fp8_gluon, "launch", lambda fn, grid, *args, **kw: calls.append((fn, grid, args, kw)))
+    case = make_case(60, 128, 384, 6, 2, "empty_experts", device="cpu", seed=1)
+    plan = build_routing_plan(case.ids, 6, 128)
+    q = torch.zeros(plan.num_rows, 384)
+    rows, tiles, ds = [torch.empty(i) for i in range(4)], [torch.empty(i) for i in range(6)], torch.empty(9)
+    dswiglu_fp8_gluon.dswiglu_fp8(q, q, q, q[:, 0], plan, rows, tiles, ds, 8, False)
+    (fn, grid, args, kw), = calls
+    assert fn is dswiglu_fp8_gluon._dswiglu_fp8_kernel and grid == (plan.layout.num_tiles * 3,)
+    assert list(args[8:12]) == rows and list(args[12:18]) == tiles and args[18] is ds
+    assert args[19:] == (384, plan.layout.num_tiles * 128) and kw == dict(EXACT_CAST=False, num_warps=8)

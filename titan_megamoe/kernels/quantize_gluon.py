@@ -39,6 +39,34 @@ def _e4m3(x, inv_scale, EXACT_CAST: gl.constexpr):
 
 
 @gluon.jit
+def store_rows_e4m3(data_ptr, scale_ptr, x, rows, row_ok, cols, col_ok, C, col_block, EXACT_CAST: gl.constexpr):
+    """x [rows, 128 columns] (fp32, any layout) quantized along each row, one 1x128 block: data [N, C] e4m3
+    at `rows`, scale [N, C / 128] at column `col_block`."""
+    row_scale, row_inv = e4m3_scale(gl.max(gl.abs(x), axis=1))
+    gl.store(data_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :], _e4m3(x, row_inv[:, None], EXACT_CAST),
+             mask=row_ok[:, None] & col_ok[None, :])
+    gl.store(scale_ptr + rows.to(gl.int64) * (C // 128) + col_block, row_scale, mask=row_ok)
+
+
+@gluon.jit
+def store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col0, C, P, EXACT_CAST: gl.constexpr,
+                          num_warps: gl.constexpr):
+    """x [128 rows of plan tile `tile`, 128 columns from col0] (fp32; rows past the expert's end zero)
+    quantized along each column, one block over the tile's rows, into the token-tile layout
+    (`quant.quantize_token_tiles`): data [C, P] e4m3 at columns 128 * tile + row, scale [C, P / 128] at
+    [c, tile]. The e4m3 tile (1 byte an element) changes layout through shared memory so that each thread
+    stores 16 consecutive rows of one column: 16 bytes along a row of data."""
+    st_t: gl.constexpr = gl.BlockedLayout([16, 1], [8, 4], [1, num_warps], [0, 1])
+    scale, inv = e4m3_scale(gl.max(gl.abs(x), axis=0))
+    q_t = gl.convert_layout(_e4m3(x, inv[None, :], EXACT_CAST), st_t)
+    i_t = gl.arange(0, 128, layout=gl.SliceLayout(1, st_t))
+    cols_t = (col0 + gl.arange(0, 128, layout=gl.SliceLayout(0, st_t))).to(gl.int64)
+    gl.store(data_ptr + cols_t[None, :] * P + tile * 128 + i_t[:, None], q_t, mask=(cols_t < C)[None, :])
+    cols = (col0 + gl.arange(0, 128, layout=scale.type.layout)).to(gl.int64)
+    gl.store(scale_ptr + cols * (P // 128) + tile, scale, mask=cols < C)
+
+
+@gluon.jit
 def _weight_pair_kernel(w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, R, C, stride_e, stride_r, stride_c,
                         WRITE_W: gl.constexpr, EXACT_CAST: gl.constexpr, num_warps: gl.constexpr):
     # w [E, R, C] (strided); data [E, R, C], scale [E, R/128, C/128]; data_t [E, C, R], scale_t [E, C/128, R/128]
@@ -77,7 +105,6 @@ def _token_tiles_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offse
     # [C, num_tiles] (WITH_TILES: one block per column over the tile's rows, stored transposed); rows [N, C]
     # and rows_scale [N, C / 128] (WITH_ROWS: one block per row)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
-    st_t: gl.constexpr = gl.BlockedLayout([16, 1], [8, 4], [1, num_warps], [0, 1])
     tile = gl.program_id(0)
     col_block = gl.program_id(1)
     expert = gl.load(tile_expert_ptr + tile)
@@ -95,18 +122,9 @@ def _token_tiles_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offse
     x = gl.load(src_ptr + src.to(gl.int64)[:, None] * stride_r + cols[None, :] * stride_c,
                 mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(gl.float32)
     if WITH_ROWS:
-        row_scale, row_inv = e4m3_scale(gl.max(gl.abs(x), axis=1))
-        qr = _e4m3(x, row_inv[:, None], EXACT_CAST)
-        gl.store(rows_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :], qr, mask=row_ok[:, None] & col_ok[None, :])
-        gl.store(rows_scale_ptr + rows.to(gl.int64) * (C // 128) + col_block, row_scale, mask=row_ok)
+        store_rows_e4m3(rows_ptr, rows_scale_ptr, x, rows, row_ok, cols, col_ok, C, col_block, EXACT_CAST)
     if WITH_TILES:
-        scale, inv = e4m3_scale(gl.max(gl.abs(x), axis=0))
-        q_t = gl.convert_layout(_e4m3(x, inv[None, :], EXACT_CAST), st_t)
-        i_t = gl.arange(0, 128, layout=gl.SliceLayout(1, st_t))
-        cols_t = (col_block * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, st_t))).to(gl.int64)
-        P = num_tiles * 128
-        gl.store(data_ptr + cols_t[None, :] * P + tile * 128 + i_t[:, None], q_t, mask=(cols_t < C)[None, :])
-        gl.store(scale_ptr + cols.to(gl.int64) * num_tiles + tile, scale, mask=col_ok)
+        store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col_block * 128, C, num_tiles * 128, EXACT_CAST, num_warps)
 
 
 def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool, num_warps: int,
