@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Block-FP8 row GEMMs: the Gluon kernels with the promotion overlapped (`kernels.fp8_rows_gluon`)
-against the shipped Triton kernels (`kernels.grouped_gemm`), same operands, same process (needs CUDA).
+"""Block-FP8 GEMMs: the Gluon kernels with the promotion overlapped (`kernels.fp8_rows_gluon`,
+`kernels.fp8_gemm1_gluon`) against the shipped Triton kernels (`kernels.grouped_gemm`, `gemm1_swiglu`),
+same operands, same process (needs CUDA).
 
 For GEMM2 (y = h W2^T, scattered), dgrad's q (q = dout W2, sorted) and dx (dg W1 + du W3, scattered) at
 Qwen3-30B-A3B and 235B-A22B shapes, T=16384, K=8, random top-k routing: operands quantized by the
@@ -9,7 +10,8 @@ package's own quantizers from fresh random bf16 tensors; outputs allocated NaN-f
 (bitwise-equal fraction, max relative difference) and both with a float64 product of the dequantized
 operands on the rows of three experts; a variant off the Triton kernel by more than bf16 rounding is
 reported "WRONG" and not timed. Times are `triton.testing.do_bench` medians (us), TFLOP/s = 2*N*KD*ND
-per pair. Writes JSON (environment, rows) to --out.
+per pair. GEMM1 (`bench_gemm1`): g, u and h against the Triton kernel's, g against float64. Writes JSON
+(environment, rows) to --out.
 
     python scripts/bench_fp8_gluon.py --out docs/results
 """
@@ -29,13 +31,98 @@ from bench_layer import environment, result_path  # noqa: E402
 SHAPES = {"30b": (16384, 8, 128, 2048, 768), "235b": (16384, 8, 128, 4096, 1536)}  # T, K, E, D, H
 VARIANTS = [  # block_m, block_n, warps, stages
     (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 4, 5), (128, 128, 8, 3), (128, 128, 8, 4), (64, 64, 4, 4)]
+GEMM1_VARIANTS = [(64, 4, 3), (64, 4, 4), (128, 8, 3)]  # block_m, warps, stages (64-column halves)
+
+
+def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_out, save):
+    """GEMM1 (gate, up, SwiGLU, h in e4m3): `fp8_gemm1_gluon` against `gemm1_swiglu`'s Triton kernel on the
+    same sorted e4m3 rows of x, outputs poisoned: g and u compared with the Triton kernel's (within bf16
+    rounding) and g with a float64 product on three experts' rows; h dequantized against the Triton h."""
+    from titan_megamoe.kernels.fp8_gemm1_gluon import fp8_gemm1
+    from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
+    from titan_megamoe.kernels.quantize import quantize_sorted_rows, quantize_weight_pair
+    from titan_megamoe.precision import BlockScaled
+    from titan_megamoe.quant import dequantize
+
+    T = plan.num_rows // plan.rows_per_token
+    N = plan.num_rows
+    x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
+    w1q, w3q = (quantize_weight_pair(torch.randn(E, H, D, device="cuda", dtype=torch.bfloat16) * 0.02)[0]
+                for _ in range(2))
+    xq = quantize_sorted_rows(x, plan)
+    flop = 2 * N * D * H * 2
+
+    def triton_call():
+        return gemm1_swiglu(xq, w1q, w3q, plan, torch.bfloat16, "fp8", sorted_rows=True)
+
+    exact = torch.zeros(len(check_rows), H, dtype=torch.float64, device="cuda")
+    for e in (0, E // 2, E - 1):
+        r = rows_of(e)
+        sel = (check_rows >= off[e]) & (check_rows < off[e + 1])
+        exact[sel] = (dequantize(BlockScaled(xq.data[r], xq.scale[r], xq.block)).double() @
+                      dequantize(BlockScaled(w1q.data[e], w1q.scale[e], w1q.block)).double().T)
+
+    def err(g):
+        return float((g[check_rows].double() - exact).norm() / exact.norm())
+
+    os.environ["TITAN_MEGAMOE_POISON"] = "1"
+    ref = triton_call()
+    torch.cuda.synchronize()
+    os.environ.pop("TITAN_MEGAMOE_POISON")
+    row = {"shape": shape, "kernel": "gemm1", "N": N, "KD": D, "ND": H, "pairs": 2,
+           "triton_rel_err_vs_fp64": err(ref[0]), "triton_nan": bool(ref[0].isnan().any() or ref[1].isnan().any())}
+    t_us = do_bench(triton_call, warmup=10, rep=200) * 1e3
+    row.update(triton_us=t_us, triton_tflops=flop / (t_us * 1e-6) / 1e12, gluon=[])
+    print(f"{shape} gemm1: triton {t_us:.1f} us ({row['triton_tflops']:.0f} TFLOP/s), "
+          f"err {row['triton_rel_err_vs_fp64']:.2e}", flush=True)
+    h_ref = dequantize(ref[2]).float()
+    for bm, warps, stages in GEMM1_VARIANTS:
+        rec = {"block_m": bm, "block_n": 64, "warps": warps, "stages": stages}
+        try:
+            def call():
+                return fp8_gemm1(xq, w1q, w3q, plan, block_m=bm, num_warps=warps, stages=stages)
+
+            os.environ["TITAN_MEGAMOE_POISON"] = "1"
+            try:
+                out = call()
+                torch.cuda.synchronize()
+            finally:
+                os.environ.pop("TITAN_MEGAMOE_POISON")
+            rec["nan"] = any(bool(t.float().isnan().any()) for t in (out[0], out[1], out[2].data, out[2].scale))
+            rel = [float(((o.float() - r.float()).abs() / r.float().abs().clamp_min(1e-3)).max())
+                   for o, r in ((out[0], ref[0]), (out[1], ref[1]))]
+            rec["max_rel_diff_vs_triton"] = max(rel)
+            rec["bitwise_equal_fraction"] = float((out[0].view(torch.int16) == ref[0].view(torch.int16)).float().mean())
+            rec["h_bitwise_equal_fraction"] = float((out[2].data.view(torch.uint8) == ref[2].data.view(torch.uint8))
+                                                    .float().mean())
+            rec["h_rel_l2_vs_triton"] = float((dequantize(out[2]).float() - h_ref).norm() / h_ref.norm())
+            rec["rel_err_vs_fp64"] = err(out[0])
+            ok = (not rec["nan"] and rec["rel_err_vs_fp64"] <= 1.01 * row["triton_rel_err_vs_fp64"] + 1e-6
+                  and rec["max_rel_diff_vs_triton"] < 2 ** -7 and rec["h_rel_l2_vs_triton"] < 1e-2)
+            rec["ok"] = ok
+            if ok:
+                us = do_bench(call, warmup=10, rep=200) * 1e3
+                rec.update(us=us, tflops=flop / (us * 1e-6) / 1e12, speedup_vs_triton=t_us / us)
+            timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)" if ok
+                      else "WRONG, not timed")
+            print(f"  gluon gemm1 {bm} rows w{warps} s{stages}: {timing}; "
+                  f"g bitwise {rec['bitwise_equal_fraction']:.4f}, "
+                  f"h bitwise {rec['h_bitwise_equal_fraction']:.4f}, max rel diff {rec['max_rel_diff_vs_triton']:.2e}, "
+                  f"h rel {rec['h_rel_l2_vs_triton']:.1e}, err {rec['rel_err_vs_fp64']:.2e}", flush=True)
+        except Exception as e:  # a variant that fails to compile or launch is reported, the rest still run
+            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"  gluon gemm1 {bm} rows w{warps} s{stages}: {rec['error']}", flush=True)
+        row["gluon"].append(rec)
+    rows_out.append(row)
+    save()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--kernels", nargs="+", default=["dgrad_q", "gemm2", "dx"], choices=["dgrad_q", "gemm2", "dx"])
+    ap.add_argument("--kernels", nargs="+", default=["dgrad_q", "gemm2", "dx", "gemm1"],
+                    choices=["dgrad_q", "gemm2", "dx", "gemm1"])
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_fp8_gluon.py needs a CUDA GPU")
@@ -83,6 +170,9 @@ def main():
                    dict(a1=dg, b1=w1t, a2=du, b2=w3t, nd=D), [(dg, w1t), (du, w3t)], D, False),
         }
         for name in a.kernels:
+            if name == "gemm1":
+                bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_out, save)
+                continue
             triton_call, gkw, pairs, nd, sorted_out = cases[name]
             kd = pairs[0][0].data.shape[1]
             flop = 2 * N * kd * nd * len(pairs)

@@ -125,6 +125,25 @@ def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages
                         aligned, num_warps, 1, source=GluonASTSource)
 
 
+def gluon_gemm1(block_m: int = 64, num_warps: int = 4, stages: int = 4):
+    """The Gluon block-FP8 GEMM1 (`fp8_gemm1_gluon`): gate and up with the promotion overlapped, SwiGLU, h in e4m3."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels.fp8_gemm1_gluon import _fp8_gemm1_kernel
+
+    def desc(rows):
+        return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
+
+    sig = {"x_desc": desc(block_m), "w1_desc": desc(64), "w3_desc": desc(64),
+           **_types("xs_ptr w1s_ptr w3s_ptr hs_ptr", "*fp32"),
+           **_types("tile_expert_ptr tile_row_ptr offsets_ptr", "*i32"),
+           **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv", **_types("N D H", "i32")}
+    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
+    return compile_sm90(_fp8_gemm1_kernel, sig, dict(BLOCK_M=block_m, SUB_TILES=128 // block_m, STAGES=stages,
+                                                     num_warps=num_warps), aligned, num_warps, 1, source=GluonASTSource)
+
+
 def gluon_weight_quant(dtype: str = "bf16", num_warps: int = 8, exact_cast: bool = False):
     """The Gluon weight quantizer (`quantize_gluon`), W and W^T in one pass, a contiguous weight."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -212,6 +231,8 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon gemm2/dx 64 rows 4 warps": lambda: gluon_rows(),
     "gluon dgrad q 64 rows 4 warps": lambda: gluon_rows(sorted_out=True),
     "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(block_m=128, num_warps=8),
+    "gluon gemm1 64 rows 4 warps": lambda: gluon_gemm1(),
+    "gluon gemm1 128 rows 8 warps 3 stages": lambda: gluon_gemm1(128, 8, 3),
     "gluon weight quant bf16 8 warps": lambda: gluon_weight_quant(),
     "gluon weight quant fp32 4 warps exact": lambda: gluon_weight_quant("fp32", 4, True),
     "gluon token tiles 4 warps": lambda: gluon_token_tiles(),

@@ -40,7 +40,9 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
 
 
 @pytest.mark.parametrize("kernel,cfg,message", [
-    ("gemm1_swiglu", TileConfig(64, 64, 128, 4, 4, tma=True, gluon=True), "block FP8 gemm2, dgrad_swiglu, dx only"),
+    ("wgrad_w2", TileConfig(64, 64, 128, 4, 4, tma=True, gluon=True),
+     "block FP8 gemm1_swiglu, gemm2, dgrad_swiglu, dx only"),
+    ("gemm1_swiglu", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True), "block_n 64 for gemm1"),
     ("gemm2", TileConfig(64, 128, 128, 4, 4, gluon=True), "tma=True"),
     ("gemm2", TileConfig(64, 128, 64, 4, 4, tma=True, gluon=True), "block_k 128"),
     ("gemm2", TileConfig(64, 128, 128, 8, 4, tma=True, gluon=True), "16 * num_warps"),
@@ -165,3 +167,99 @@ def test_gluon_launcher_host_path(monkeypatch, two_pairs):
     N, KD, ND, NK1 = seen["args"][-4:]
     assert (N, KD, ND) == (T * K, H, D) and NK1 == (2 if two_pairs else 1) * H // 128
     assert seen["kw"] == dict(SORTED_OUT=False, BLOCK_M=64, SUB_TILES=2, BLOCK_N=128, STAGES=3, num_warps=4)
+
+
+# ------------------------------------------------------------------------------------------------ GEMM1
+
+_SM90_GLUON_GEMM1 = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import gluon_gemm1
+jobs = {"64 rows 4 warps": gluon_gemm1(), "128 rows 8 warps": gluon_gemm1(128, 8, 3)}
+print(json.dumps({k: {f: r[f] for f in ("qgmma", "usage", "wgmma_waits")} for k, r in jobs.items()}))
+"""
+
+
+def test_gluon_gemm1_compiles_with_two_wgmma_groups_in_flight():
+    """Compiled for sm_90 on the CPU: FP8 wgmma, and in each half's K loop a wait that leaves K block k's
+    two MMAs (gate, up) in flight while block k-1's products are scaled; each half's last block waited for
+    fully."""
+    for name, r in sm90_compile_results(_SM90_GLUON_GEMM1, timeout=300).items():
+        assert r["qgmma"] > 0, f"{name}: no QGMMA in the SASS"
+        assert r["wgmma_waits"] == ["2", "0", "2", "0"], f"{name}: wgmma waits {r['wgmma_waits']}"
+
+
+def test_gluon_gemm1_config_stops_in_the_interpreter():
+    if GPU:
+        pytest.skip("checks the interpreter's message; the GPU runs the kernel (test below)")
+    from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
+    from titan_megamoe.kernels.quantize import quantize_sorted_rows, quantize_weight_pair
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    T, K, E, D, H = 8, 2, 4, 128, 128
+    plan = build_routing_plan(make_ids(T, E, K, "random", torch.Generator().manual_seed(0)), E, 128)
+    x = quantize_sorted_rows(torch.randn(T, D, dtype=torch.bfloat16), plan)
+    w1, _ = quantize_weight_pair(torch.randn(E, H, D, dtype=torch.bfloat16))
+    with override_tile_config("gemm1_swiglu", TileConfig(64, 64, 128, 4, 1, tma=True, gluon=True)):
+        with pytest.raises(ValueError, match="cannot run Gluon"):
+            gemm1_swiglu(x, w1, w1, plan, torch.bfloat16, "fp8", sorted_rows=True)
+
+
+def test_gluon_gemm1_launcher_host_path(monkeypatch):
+    """`fp8_gemm1` on the host, on CPU with the launch stubbed: descriptors, grid (plan tiles x sub-tiles x
+    128-column blocks), the outputs it returns."""
+    from titan_megamoe.kernels import fp8_gemm1_gluon as m
+    from titan_megamoe.kernels.quantize import quantize_sorted_rows, quantize_weight_pair
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    T, K, E, D, H = 40, 2, 4, 256, 384
+    plan = build_routing_plan(make_ids(T, E, K, "skewed", torch.Generator().manual_seed(1)), E, 128)
+    x = quantize_sorted_rows(torch.randn(T, D, dtype=torch.bfloat16), plan)
+    w1, _ = quantize_weight_pair(torch.randn(E, H, D, dtype=torch.bfloat16))
+    seen = {}
+    monkeypatch.setattr(m, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
+                                                                                     kw=kw))
+    g, u, h = m.fp8_gemm1(x, w1, w1, plan, block_m=64, num_warps=4, stages=3)
+    assert g.shape == u.shape == h.data.shape == (T * K, H) and h.scale.shape == (T * K, H // 128)
+    assert seen["kernel"] is m._fp8_gemm1_kernel and seen["grid"] == (plan.layout.num_tiles * 2 * (H // 128),)
+    descs = seen["args"][:3]
+    assert [list(d.block_shape) for d in descs] == [[64, 128], [64, 128], [64, 128]]
+    assert list(descs[1].shape) == [E * H, D]
+    assert seen["args"][-3:] == (T * K, D, H)
+    assert seen["kw"] == dict(BLOCK_M=64, SUB_TILES=2, STAGES=3, num_warps=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
+@pytest.mark.parametrize("shape", [(64, 4, 4), (128, 8, 3)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
+def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
+    """GEMM1 through the Gluon kernel: g and u within one bf16 rounding of the Triton kernel's on the same
+    quantized operands, h's e4m3 rows dequantized within 1% (L2) of the Triton kernel's (a bf16 rounding
+    of g or u may move an h code), every row written (outputs NaN-poisoned first)."""
+    from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
+    from titan_megamoe.kernels.quantize import quantize_sorted_rows, quantize_weight_pair
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+    from titan_megamoe.quant import dequantize
+
+    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
+    block_m, warps, stages = shape
+    torch.manual_seed(T)
+    plan = build_routing_plan(make_ids(T, E, K, routing, torch.Generator().manual_seed(T)).cuda(), E, 128)
+    x = quantize_sorted_rows(torch.randn(T, D, device="cuda", dtype=torch.bfloat16), plan)
+    w1, w3 = (quantize_weight_pair(torch.randn(E, H, D, device="cuda", dtype=torch.bfloat16) / D**0.5)[0]
+              for _ in range(2))
+
+    def call():
+        return gemm1_swiglu(x, w1, w3, plan, torch.bfloat16, "fp8", sorted_rows=True)
+
+    want = call()
+    with override_tile_config("gemm1_swiglu", TileConfig(block_m, 64, 128, warps, stages, tma=True, gluon=True)):
+        got = call()
+    for name, a, b in (("g", got[0], want[0]), ("u", got[1], want[1])):
+        assert not a.isnan().any(), f"{name}: rows left unwritten (NaN poison)"
+        diff = (a.float() - b.float()).abs() / b.float().abs().clamp_min(1e-2)
+        assert diff.max() <= 2**-7, f"{name}: max relative difference {diff.max():.3e} from the Triton kernel"
+    h_got, h_want = dequantize(got[2]).float(), dequantize(want[2]).float()
+    assert not h_got.isnan().any() and not got[2].scale.isnan().any(), "h: rows left unwritten (NaN poison)"
+    assert (h_got - h_want).norm() <= 1e-2 * h_want.norm()

@@ -180,7 +180,8 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
         raise ValueError(f"router_topk: top_k must be in [1, {E}], got {top_k}")
 
 
-GLUON_KERNELS = ("gemm2", "dgrad_swiglu", "dx")  # the block-FP8 row GEMMs `kernels.fp8_rows_gluon` implements
+# the block-FP8 GEMMs with Gluon kernels: `kernels.fp8_gemm1_gluon` (GEMM1), `kernels.fp8_rows_gluon` (the rest)
+GLUON_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")
 
 
 def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None = None) -> None:
@@ -188,7 +189,7 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
     for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only
     for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
-    block-FP8 GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
+    block-FP8 GEMM1, GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
     it: a table entry's)."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
@@ -216,6 +217,8 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
             (not cfg.tma, "tma=True (both operands come through TMA)"),
             (cfg.block_k != 128, "block_k 128 (one scale block)"),
             (128 % cfg.block_n != 0, "block_n dividing 128 (a weight tile inside one scale block)"),
+            (kernel == "gemm1_swiglu" and cfg.block_n != 64, "block_n 64 for gemm1 (h's 128-column scale block in two "
+                                                             "64-column halves)"),
             (cfg.block_m % (16 * cfg.num_warps) != 0, "block_m a multiple of 16 * num_warps (16 rows per warp)"),
             (cfg.warp_specialize, "warp_specialize=False"),
             (cfg.group_m != 1, "group_m 1"),

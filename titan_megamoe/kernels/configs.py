@@ -42,8 +42,9 @@ class TileConfig:
     # weight gradients (bf16) with tma: the gathered operand (dout for dW2, x for dW1/dW3) copied into
     # sorted order first, so both operands come through TMA (mainloop.varlen_mainloop)
     sorted_copy: bool = False
-    # block FP8 gemm2, dgrad_swiglu's GEMM and dx only: the Gluon kernel that overlaps each K block's
-    # scaling with the next block's MMA (`fp8_rows_gluon`; GPU only, both operands through TMA, so tma too)
+    # block FP8 gemm1_swiglu, gemm2, dgrad_swiglu's GEMM and dx only: the Gluon kernels that overlap each K
+    # block's scaling with the next block's MMA (`fp8_gemm1_gluon`, `fp8_rows_gluon`; GPU only, both operands
+    # through TMA, so tma too)
     gluon: bool = False
 
     @classmethod

@@ -133,6 +133,17 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     h_out = BlockScaled(h, h_scale, (1, 128)) if fp8 else h
     if fp8:
         assert 2 * cfg.block_n == cfg.block_k == 128, "block FP8 GEMM1: 2 x 64 columns (one scale block of h), K 128"
+    if cfg.gluon:
+        if not fp8 or INTERPRET:
+            raise ValueError("tile config gemm1_swiglu: gluon runs block FP8 on a GPU only (Triton's interpreter "
+                             f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
+        if sorted_rows and arrivals is None and tma_ok(x, w1, w3):
+            from .fp8_gemm1_gluon import fp8_gemm1  # imported only here: Gluon is experimental
+
+            return fp8_gemm1(x_RD, w1_EHD, w3_EHD, plan, out_dtype, block_m=cfg.block_m, num_warps=cfg.num_warps,
+                             stages=cfg.num_stages)
+        # expert parallelism's rows landing over symmetric memory (arrival waits) run the Triton kernel below:
+        # the same block-FP8 math, the promotion not overlapped
     sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
     grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(H, cfg.block_n * (2 if fp8 else 1)),)
     if grid[0] == 0:
