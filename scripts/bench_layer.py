@@ -603,6 +603,9 @@ def main():
     ap.add_argument("--tile-table", default=None,
                     help="a table file from `titan-megamoe tune`, used before the shipped table (its path and "
                          "sha256 go into the JSON)")
+    ap.add_argument("--triton-quantizers", action="store_true",
+                    help="block FP8: the Triton token-tile quantizer and dSwiGLU kernels where the GPU default is "
+                         "their Gluon version (the before of that change, in the same process layout)")
     a = ap.parse_args()
     if a.rounds < 1 or a.iters < 1:
         ap.error(f"--rounds and --iters must be at least 1, got {a.rounds} and {a.iters}")
@@ -610,6 +613,11 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("bench_layer.py needs a CUDA GPU")
     env = environment()
+    if a.triton_quantizers:
+        from titan_megamoe.kernels import dgrad_swiglu, quantize
+
+        quantize._TOKEN_TILE_GLUON = dgrad_swiglu._FP8_DSWIGLU_GLUON = None
+        env["fp8_memory_kernels"] = "triton"
     if a.tile_table:
         from titan_megamoe.kernels import configs
 

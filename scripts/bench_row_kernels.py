@@ -43,7 +43,8 @@ COPY_SHAPES = [(16384, 2048, 128, 8), (16384, 4096, 128, 8), (8192, 4096, 8, 2),
 WEIGHT_SHAPES = [("30b w1", 128, 768, 2048), ("30b w2", 128, 2048, 768), ("235b w1", 128, 1536, 4096),
                  ("235b w2", 128, 4096, 1536), ("mixtral w1", 8, 14336, 4096)]  # name, E, R, C
 WEIGHT_VARIANTS = [(4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 1), (16, 2)]  # warps, blocks per program
-WEIGHT_GLUON_VARIANTS = [(4, True), (8, True), (4, False), (8, False), (16, False)]  # warps, exact cast
+# warps, exact cast, W^T's layout change (quantize_gluon._weight_pair_kernel's VIA)
+WEIGHT_GLUON_VARIANTS = [(8, False, 0), (8, False, 1), (8, False, 2), (4, False, 1), (4, True, 2), (16, False, 1)]
 DSWIGLU_SHAPES = [(131072, 768), (131072, 1536), (16384, 14336), (4096, 768)]  # N, H
 
 
@@ -158,24 +159,27 @@ def bench_fp8_dswiglu(do_bench, quick: bool = False):
             out[name], out[name + "_scale"] = t.data[:, :P], t.scale[:, :real]
         return out
 
-    variants = [("single kernel", dict(_FP8_DSWIGLU_SPLIT=False), None, row_keys + tile_keys, single_bytes)]
+    triton = dict(_FP8_DSWIGLU_GLUON=None)  # the Triton kernels (the Gluon one is the GPU default)
+    variants = [("single kernel", dict(triton, _FP8_DSWIGLU_SPLIT=False), None, row_keys + tile_keys, single_bytes)]
     variants += [(f"gluon single kernel {w}w {'exact' if e else 'hardware'} cast", dict(_FP8_DSWIGLU_GLUON=(w, e)),
                   None, row_keys + tile_keys, single_bytes) for w, e in [(8, False), (8, True), (16, False), (16, True),
                                                                          (4, False)]]
     if quick:
-        variants.append(("split, shipped knobs", {}, None, row_keys + tile_keys, rows_bytes + tiles_bytes))
+        variants.append(("split, shipped knobs", triton, None, row_keys + tile_keys, rows_bytes + tiles_bytes))
     for bm, tw, cb in itertools.product((32, 64), (4, 8), (1, 2)) if not quick else ():
         variants.append((f"split: rows {bm}x128 8w, tiles {tw}w {cb}x128",
-                         dict(_FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=8, _FP8_TILES_WARPS=tw,
-                              _FP8_TILES_COL_BLOCKS=cb), None, row_keys + tile_keys, rows_bytes + tiles_bytes))
+                         dict(triton, _FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=8,
+                              _FP8_TILES_WARPS=tw, _FP8_TILES_COL_BLOCKS=cb), None, row_keys + tile_keys,
+                         rows_bytes + tiles_bytes))
     for bm, rw in itertools.product((32, 64), (4, 8)) if not quick else ():
-        variants.append((f"rows kernel alone {bm}x128 {rw}w", dict(_FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm,
-                         _FP8_ROWS_WARPS=rw), m._dswiglu_fp8_rows_kernel, row_keys, rows_bytes))
+        variants.append((f"rows kernel alone {bm}x128 {rw}w",
+                         dict(triton, _FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=rw),
+                         m._dswiglu_fp8_rows_kernel, row_keys, rows_bytes))
     for tw, cb, step in itertools.product((4, 8), (1, 2), (32, 64, 128)) if not quick else ():
         variants.append((f"tiles kernel alone {tw}w {cb}x128 step {step}",
-                         dict(_FP8_DSWIGLU_SPLIT=True, _FP8_TILES_WARPS=tw, _FP8_TILES_COL_BLOCKS=cb,
+                         dict(triton, _FP8_DSWIGLU_SPLIT=True, _FP8_TILES_WARPS=tw, _FP8_TILES_COL_BLOCKS=cb,
                               _FP8_TILES_BLOCK_N=step), m._dswiglu_fp8_tiles_kernel, tile_keys, tiles_bytes))
-    ref = outputs(dict(_FP8_DSWIGLU_SPLIT=False))
+    ref = outputs(dict(triton, _FP8_DSWIGLU_SPLIT=False))
     rows = []
     for name, k, kernel, keys, nbytes in variants:
         r = {"variant": name, "knobs": k, "bytes": nbytes}
@@ -226,7 +230,7 @@ def bench_weight_quant(do_bench, quick: bool = False):
             nbytes = E * R * C * (w.element_size() + 2) + 2 * E * (R // 128) * (C // 128) * 4
             triton_variants = [defaults[0][dtype]] if quick else WEIGHT_VARIANTS
             variants = ([("triton", warps, cb) for warps, cb in triton_variants] +
-                        [("gluon", warps, exact) for warps, exact in WEIGHT_GLUON_VARIANTS])
+                        [("gluon", warps, knob) for warps, *knob in WEIGHT_GLUON_VARIANTS])
             for kernel, warps, knob in variants:
                 r = {"weight": name, "E": E, "R": R, "C": C, "dtype": str(dtype).replace("torch.", ""),
                      "kernel": kernel, "warps": warps, "bytes": nbytes}
@@ -234,18 +238,30 @@ def bench_weight_quant(do_bench, quick: bool = False):
                     r["col_blocks"] = knob
                     m._WEIGHT_LAUNCH, m._WEIGHT_GLUON = {dtype: (warps, knob)}, {}
                 else:
-                    r["exact_cast"] = knob
-                    m._WEIGHT_GLUON = {dtype: (warps, knob)}
+                    r["exact_cast"], r["via"] = knob
+                    m._WEIGHT_GLUON = {dtype: (warps, *knob)}
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element the kernel skips is NaN, not stale bits
                     try:
                         got = m.quantize_weight_pair(w)
+                        alone = m.quantize_weight_transposed(w)  # W^T without W: does the W store matter?
                     finally:
                         os.environ.pop("TITAN_MEGAMOE_POISON")
-                    bad = [f"{which}.{part}" for which, g, want in zip(("W", "Wt"), got, ref)
+                    bad = [f"{which}.{part}" for which, g, want in zip(("W", "Wt", "Wt alone"), (*got, alone),
+                                                                       (*ref, ref[1]))
                            for part in ("data", "scale")
-                           if not torch.equal(getattr(g, part).view(torch.uint8), getattr(want, part).view(torch.uint8))]
-                    del got
+                           if not torch.equal(getattr(g, part).view(torch.uint8),
+                                              getattr(want, part).view(torch.uint8))]
+                    if bad:
+                        diff = got[1].data.view(torch.uint8) != ref[1].data.view(torch.uint8)
+                        r["wt_bytes_wrong"] = int(diff.sum())
+                        if r["wt_bytes_wrong"]:
+                            e, c, rr = (int(i) for i in diff.nonzero()[0])
+                            r["wt_first_wrong"] = dict(index=[e, c, rr],
+                                                       got=int(got[1].data.view(torch.uint8)[e, c, rr]),
+                                                       want=int(ref[1].data.view(torch.uint8)[e, c, rr]),
+                                                       w_code_there=int(got[0].data.view(torch.uint8)[e, rr, c]))
+                    del got, alone
                     if bad:
                         r.update(status="WRONG", mismatched=bad)
                     else:
@@ -258,7 +274,10 @@ def bench_weight_quant(do_bench, quick: bool = False):
                     m._WEIGHT_LAUNCH, m._WEIGHT_GLUON = dict(defaults[0]), dict(defaults[1])
                 rows.append(r)
                 timing = f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s)" if "us" in r else r["status"]
-                knob_name = f"x{knob}" if kernel == "triton" else ("exact cast" if knob else "hardware cast")
+                knob_name = (f"x{knob}" if kernel == "triton" else
+                             f"{'exact' if knob[0] else 'hardware'} cast, via {knob[1]}")
+                if "wt_bytes_wrong" in r:
+                    knob_name += f" ({r['wt_bytes_wrong']} W^T bytes wrong, first {r.get('wt_first_wrong')})"
                 print(f"weight quant {name} {r['dtype']} {kernel} {warps}w {knob_name}: {timing}", flush=True)
             del w, ref
     return rows
@@ -287,11 +306,11 @@ def bench_token_tiles(do_bench):
                                ("dout rows+tiles", lambda: m.quantize_sorted_rows(src, plan, with_tiles=True),
                                 T * K * D * 3 + D * P)]:  # bf16 rows read, e4m3 rows + tiles written
             ref = None
-            for kernel, warps, exact in [("triton", m._TOKEN_TILE_WARPS, True)] + [
+            for kernel, warps, exact in [("triton", m._TOKEN_TILE_WARPS, True)] + [  # the Triton kernel: the reference
                     ("gluon", w, e) for w, e in TOKEN_TILE_GLUON_VARIANTS]:
                 r = {"shape": name, "T": T, "D": D, "E": E, "K": K, "op": op, "kernel": kernel, "warps": warps,
                      "exact_cast": exact, "bytes": nbytes}
-                m._TOKEN_TILE_GLUON = None if kernel == "triton" else (warps, exact)
+                m._TOKEN_TILE_GLUON = None if kernel == "triton" else {"tiles": (warps, exact), "rows": (warps, exact)}
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element the kernel skips is NaN, not stale bits
                     try:

@@ -41,7 +41,9 @@ def poison(monkeypatch):
 
 
 def _path(monkeypatch, split, knobs=(32, 8, 4, 2, 32)):
+    """The Triton kernels (the Gluon one is the GPU default: test below), split or single, these knobs."""
     block_m, rows_warps, tiles_warps, col_blocks, step = knobs
+    monkeypatch.setattr(dg_mod, "_FP8_DSWIGLU_GLUON", None)
     monkeypatch.setattr(dg_mod, "_FP8_DSWIGLU_SPLIT", split)
     monkeypatch.setattr(dg_mod, "_FP8_ROWS_BLOCK_M", block_m)
     monkeypatch.setattr(dg_mod, "_FP8_ROWS_WARPS", rows_warps)
@@ -105,9 +107,9 @@ def test_both_paths_quantize_the_bf16_path(monkeypatch, split, T, H, E, K, routi
 @pytest.mark.parametrize("variant", [(8, False), (16, True)])  # (warps, exact cast)
 @pytest.mark.parametrize("T,H,E,K,routing", CASES)
 def test_gluon_kernel_is_bitwise_the_single_kernel(monkeypatch, variant, T, H, E, K, routing):
-    """The one-kernel Gluon dSwiGLU (`dswiglu_fp8_gluon`) writes the Triton single kernel's bits, outputs
-    poisoned, spare tiles left alone by both. In the interpreter asking for it is an error that says why,
-    never the Triton kernels in its place."""
+    """The one-kernel Gluon dSwiGLU (`dswiglu_fp8_gluon`, the GPU default) writes the Triton single kernel's
+    bits (ds_part to fp32 rounding), outputs poisoned, spare tiles left alone by both. In the interpreter the
+    Triton kernels run (Gluon compiles for GPUs only)."""
     from titan_megamoe.kernels.common import INTERPRET
 
     case = make_case(T, 128, H, E, K, routing, device=DEVICE, seed=T + H)
@@ -119,12 +121,14 @@ def test_gluon_kernel_is_bitwise_the_single_kernel(monkeypatch, variant, T, H, E
     g[-1, -128:] *= 1e3
     scores = case.scores.reshape(-1).float()
     monkeypatch.setattr(dg_mod, "_FP8_DSWIGLU_GLUON", variant)
-    if INTERPRET:
-        with pytest.raises(RuntimeError, match="runs on a GPU only, not in Triton's interpreter"):
-            _outputs(q, g, u, scores, plan)
+    if INTERPRET:  # the interpreter runs the Triton kernels: the launches name them
+        launched = []
+        real = dg_mod.launch
+        monkeypatch.setattr(dg_mod, "launch", lambda fn, *a, **kw: (launched.append(fn), real(fn, *a, **kw)))
+        _outputs(q, g, u, scores, plan)
+        assert launched == [dg_mod._dswiglu_fp8_rows_kernel, dg_mod._dswiglu_fp8_tiles_kernel], launched
         return
     got = _outputs(q, g, u, scores, plan)
-    monkeypatch.setattr(dg_mod, "_FP8_DSWIGLU_GLUON", None)
     _path(monkeypatch, split=False)
     want = _outputs(q, g, u, scores, plan)
     for name, w in want.items():
@@ -140,10 +144,11 @@ def test_gluon_kernel_host_path(monkeypatch):
 
     calls = []
     monkeypatch.setattr(dswiglu_fp8_gluon, "launch", lambda fn, grid, *args, **kw: calls.append((fn, grid, args, kw)))
-    case = make_case(60, 128, 384, 6, 2, "empty_experts", device="cpu", seed=1)
+    case = make_case(60, 128, 384, 6, 2, "empty_experts", device=DEVICE, seed=1)
     plan = build_routing_plan(case.ids, 6, 128)
-    q = torch.zeros(plan.num_rows, 384)
-    rows, tiles, ds = [torch.empty(i) for i in range(4)], [torch.empty(i) for i in range(6)], torch.empty(9)
+    q = torch.zeros(plan.num_rows, 384, device=DEVICE)
+    rows, tiles = [torch.empty(i, device=DEVICE) for i in range(4)], [torch.empty(i, device=DEVICE) for i in range(6)]
+    ds = torch.empty(9, device=DEVICE)
     dswiglu_fp8_gluon.dswiglu_fp8(q, q, q, q[:, 0], plan, rows, tiles, ds, 8, False)
     (fn, grid, args, kw), = calls
     assert fn is dswiglu_fp8_gluon._dswiglu_fp8_kernel and grid == (plan.layout.num_tiles * 3,)

@@ -149,10 +149,11 @@ def test_gluon_launcher_host_path(monkeypatch, two_pairs):
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
     T, K, E, D, H = 40, 2, 4, 256, 384
-    ids = make_ids(T, E, K, "skewed", torch.Generator().manual_seed(1))
+    dev = "cuda" if GPU else "cpu"  # the operands are made by real kernels; only the Gluon launch is stubbed
+    ids = make_ids(T, E, K, "skewed", torch.Generator().manual_seed(1)).to(dev)
     plan = build_routing_plan(ids, E, 128)
-    a = quantize_rows(torch.randn(T * K, H, dtype=torch.bfloat16))
-    _, wt = quantize_weight_pair(torch.randn(E, H, D, dtype=torch.bfloat16))  # W^T [E, D, H]: n = D, k = H
+    a = quantize_rows(torch.randn(T * K, H, dtype=torch.bfloat16, device=dev))
+    _, wt = quantize_weight_pair(torch.randn(E, H, D, dtype=torch.bfloat16, device=dev))  # W^T [E, D, H]: n = D, k = H
     seen = {}
     monkeypatch.setattr(m, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
                                                                                      kw=kw))
@@ -213,9 +214,10 @@ def test_gluon_gemm1_launcher_host_path(monkeypatch):
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
     T, K, E, D, H = 40, 2, 4, 256, 384
-    plan = build_routing_plan(make_ids(T, E, K, "skewed", torch.Generator().manual_seed(1)), E, 128)
-    x = quantize_sorted_rows(torch.randn(T, D, dtype=torch.bfloat16), plan)
-    w1, _ = quantize_weight_pair(torch.randn(E, H, D, dtype=torch.bfloat16))
+    dev = "cuda" if GPU else "cpu"  # the operands are made by real kernels; only the Gluon launch is stubbed
+    plan = build_routing_plan(make_ids(T, E, K, "skewed", torch.Generator().manual_seed(1)).to(dev), E, 128)
+    x = quantize_sorted_rows(torch.randn(T, D, dtype=torch.bfloat16, device=dev), plan)
+    w1, _ = quantize_weight_pair(torch.randn(E, H, D, dtype=torch.bfloat16, device=dev))
     seen = {}
     monkeypatch.setattr(m, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
                                                                                      kw=kw))

@@ -150,7 +150,7 @@ def test_quantize_weight_pair_strided_and_empty():
     assert W.data.shape == (0, 128, 256) and Wt.scale.shape == (0, 2, 1)
 
 
-@pytest.mark.parametrize("variant", [(4, True), (8, False)])  # (warps, exact cast)
+@pytest.mark.parametrize("variant", [(8, False, 1), (8, False, 2)])  # (warps, exact cast, W^T's layout change)
 def test_gluon_weight_quantizer_matches_quant(monkeypatch, variant):
     """The Gluon weight quantizer (`quantize_gluon`: one pass for bf16 and fp32, W^T through a layout change
     of the e4m3 tile) is quant.py bit for bit, outputs poisoned: both dtypes, 2-D and per-expert, a strided
@@ -292,17 +292,16 @@ def test_quantize_token_tiles_bad_arguments():
 def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
     """The Gluon token-tile quantizer (`quantize_gluon.token_tiles`) is quant.py bit for bit, outputs
     poisoned: every routing case (empty experts, spare tiles, a 1-row tile, contiguous rows, no rows), tiles
-    alone, rows + tiles, sorted source rows, fp32 source with C = 160. In the interpreter asking for it is
-    an error that says why, never the Triton kernel in its place."""
+    alone, rows + tiles, sorted source rows, fp32 source with C = 160, for launch shapes beside the shipped
+    ones (which the tests above run on a GPU). In the interpreter the Triton kernel runs."""
     from titan_megamoe.kernels import quantize as q
     from titan_megamoe.kernels.common import INTERPRET
 
-    monkeypatch.setattr(q, "_TOKEN_TILE_GLUON", variant)
-    if INTERPRET:
-        ids, E = _routing("uniform_k2")
-        with pytest.raises(RuntimeError, match="runs on a GPU only, not in Triton's interpreter"):
-            quantize_token_tiles(torch.ones(ids.shape[0], 128), build_routing_plan(ids, E, 128))
+    monkeypatch.setattr(q, "_TOKEN_TILE_GLUON", {"tiles": variant, "rows": variant})
+    if INTERPRET:  # Gluon compiles for GPUs only: the interpreter runs the Triton kernel (the tests above)
+        assert q._token_tile_gluon(False) is None and q._token_tile_gluon(True) is None
         return
+    assert q._token_tile_gluon(False) == variant and q._token_tile_gluon(True) == variant
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
     for case in ["uniform_k2", "k1", "empty_experts", "one_hot_expert", "skewed", "exact_128_and_129", "contiguous",
                  "no_rows"]:
@@ -333,9 +332,9 @@ def test_gluon_token_tile_quantizer_host_path(monkeypatch):
     calls = []
     monkeypatch.setattr(quantize_gluon, "launch", lambda fn, grid, *args, **kw: calls.append((fn, grid, args, kw)))
     ids, E = _routing("uniform_k2")
-    plan = build_routing_plan(ids, E, 128)
-    src = torch.zeros(ids.shape[0], 384)
-    data, scale = torch.empty(1), torch.empty(2)
+    plan = build_routing_plan(ids.to(DEVICE), E, 128)
+    src = torch.zeros(ids.shape[0], 384, device=DEVICE)
+    data, scale = torch.empty(1, device=DEVICE), torch.empty(2, device=DEVICE)
     quantize_gluon.token_tiles(src, plan, 2, True, data, scale, None, None, 4, False)
     (fn, grid, args, kw), = calls
     assert fn is quantize_gluon._token_tiles_kernel and grid == (plan.layout.num_tiles, 3)
@@ -480,10 +479,11 @@ def test_gluon_weight_quantizer_host_path(monkeypatch):
 
     calls = []
     monkeypatch.setattr(quantize_gluon, "launch", lambda fn, grid, *args, **kw: calls.append((fn, grid, args, kw)))
-    w = torch.zeros(3, 512, 256, dtype=torch.bfloat16).transpose(1, 2)  # [3, 256, 512], strides (R*C, 1, 256)
-    outs = [torch.empty(0) for _ in range(4)]
-    quantize_gluon.weight_pair(w, *outs, write_w=False, num_warps=8, exact_cast=True)
+    # [3, 256, 512], strides (R*C, 1, 256)
+    w = torch.zeros(3, 512, 256, dtype=torch.bfloat16, device=DEVICE).transpose(1, 2)
+    outs = [torch.empty(0, device=DEVICE) for _ in range(4)]
+    quantize_gluon.weight_pair(w, *outs, write_w=False, num_warps=8, exact_cast=True, via=2)
     (fn, grid, args, kw), = calls
     assert fn is quantize_gluon._weight_pair_kernel and grid == (4, 2, 3)
     assert args[5:] == (256, 512, 256 * 512, 1, 256)
-    assert kw == dict(WRITE_W=False, EXACT_CAST=True, num_warps=8)
+    assert kw == dict(WRITE_W=False, EXACT_CAST=True, VIA=2, num_warps=8)

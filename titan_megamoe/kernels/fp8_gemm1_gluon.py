@@ -1,5 +1,7 @@
 """Block-FP8 GEMM1 (gate and up, SwiGLU, h quantized) in Gluon, with the promotion overlapped (an experiment
-beside `gemm1_swiglu`'s Triton kernel, launched only where its tile config sets `gluon`; GPU only).
+beside `gemm1_swiglu`'s Triton kernel, launched only where its tile config sets `gluon`; GPU only). On an
+H100 (2026-12-05) g, u and h were bitwise the Triton kernel's and it ran at 0.77-0.86x its speed, so
+nothing selects it (docs/kernels.md, "More Gluon").
 
     g = x W1_e^T, u = x W3_e^T (per 128-wide K block: the FP8 product times x's row scale and the weight's
     block scale, added in fp32), h = silu(g) u; g, u stored bf16; h rounded to bf16, then e4m3 with one

@@ -1,6 +1,7 @@
 """Block-FP8 row GEMMs in Gluon, with the promotion overlapped: GEMM2, dgrad's q and dx (an experiment
-beside `grouped_gemm`'s Triton kernels, launched only where a tile config sets `gluon`; GPU only; not yet
-run on a GPU, so nothing ships it: docs/kernels.md, "The promotion overlapped, in Gluon").
+beside `grouped_gemm`'s Triton kernels, launched only where a tile config sets `gluon`; GPU only). On an
+H100 its outputs were bitwise the Triton kernels' and it ran at 0.63-1.00x their speed, so nothing
+selects it (docs/kernels.md, "More Gluon").
 
     out[p] = sum_kb (A_p[kb] B_e[kb]^T) * sa[p, kb] * sb[e, n_block, kb]    (one or two pairs of operands)
 

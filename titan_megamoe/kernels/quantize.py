@@ -151,11 +151,11 @@ def _quantize_weight_pair_kernel(
 _WEIGHT_LAUNCH = {torch.bfloat16: (8, 4), torch.float32: (4, 2)}
 
 
-# The Gluon quantizer (`quantize_gluon`: each element quantized once, W^T stored through a layout change
-# of the e4m3 tile, fp32 weights in one pass) per input dtype: (warps, exact cast). Empty until it has
-# run on a GPU: `bench_row_kernels.py --sections weight_quant` checks it bitwise and times it beside the
-# Triton kernel's launch shapes (docs/kernels.md, "The weight quantizer in Gluon").
-_WEIGHT_GLUON: dict[torch.dtype, tuple[int, bool]] = {}
+# The Gluon quantizer (`quantize_gluon.weight_pair`: fp32 weights in one pass) per input dtype: (warps, exact
+# cast, how W^T's tile changes layout). Empty: on the H100 (2026-12-05) its first version wrote wrong W^T
+# bytes; `bench_row_kernels.py --sections weight_quant` checks each variant bitwise before timing it
+# (docs/kernels.md, "More Gluon").
+_WEIGHT_GLUON: dict[torch.dtype, tuple[int, bool, int]] = {}
 
 
 def _weight_launch(dtype: torch.dtype, n_col_blocks: int) -> tuple[int, int]:
@@ -206,8 +206,7 @@ def _quantize_weight(where: str, w_ERC: torch.Tensor, want_w: bool):
                                "interpreter; leave quantize._WEIGHT_GLUON empty there")
         from . import quantize_gluon  # imported only here: Gluon is experimental
 
-        warps, exact = _WEIGHT_GLUON[w.dtype]
-        quantize_gluon.weight_pair(w, data, scale, data_t, scale_t, want_w, warps, exact)
+        quantize_gluon.weight_pair(w, data, scale, data_t, scale_t, want_w, *_WEIGHT_GLUON[w.dtype])
     elif E * R * C:
         passes = [(want_w, True)] if w.dtype == torch.bfloat16 or not want_w else [(True, False), (False, True)]
         for write_w, write_wt in passes:
@@ -277,10 +276,19 @@ _TOKEN_TILE_COLS = 128
 # same outputs: tiles 0.886 (8 warps, 1 block) -> 0.484; rows + tiles 1.107 -> 0.825 (4 warps, 1 block);
 # docs/results/quantize_20261204/qvar_h200.json.
 _TOKEN_TILE_WARPS = 4
-# The Gluon kernel in its place (`quantize_gluon.token_tiles`: each element cast once per copy in its load
-# layout, the token tiles stored through a layout change of the e4m3 tile): (warps, exact cast), or None.
-# None until it has run on a GPU (`bench_row_kernels.py --sections token_tiles`).
-_TOKEN_TILE_GLUON: tuple[int, bool] | None = None
+# On a GPU the Gluon kernel runs in its place (`quantize_gluon.token_tiles`: each element cast once per copy
+# in its load layout, the token tiles stored through a layout change of the e4m3 tile): (warps, exact cast)
+# for tiles alone (x) and for sorted rows + tiles (dout); None: the Triton kernel. On the H100 (2026-12-05,
+# docs/results/gluon_20261205_h100/, `bench_row_kernels.py --sections token_tiles`, outputs bitwise the
+# Triton kernel's): 30B-A3B x's tiles 490 -> 360 us, dout's rows + tiles 813 -> 623 us; 235B-A22B 965 -> 708,
+# 1643 -> 1298. Triton's interpreter cannot run Gluon: there the Triton kernel runs (the CPU tests hold it
+# to quant.py; the GPU tests hold the Gluon kernel to quant.py).
+_TOKEN_TILE_GLUON: dict[str, tuple[int, bool]] | None = {"tiles": (4, False), "rows": (8, False)}
+
+
+def _token_tile_gluon(rows: bool) -> tuple[int, bool] | None:
+    """The Gluon launch (warps, exact cast) for this call, or None for the Triton kernel."""
+    return None if INTERPRET or _TOKEN_TILE_GLUON is None else _TOKEN_TILE_GLUON["rows" if rows else "tiles"]
 
 
 def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: bool = False) -> BlockScaled:
@@ -329,14 +337,11 @@ def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool,
                    if tiles else (None, None))
     rows_data, rows_scale = ((new_output((N, C), quant.E4M3, dev), new_output((N, C // BLOCK), torch.float32, dev))
                              if rows else (None, None))
-    if num_tiles and C and _TOKEN_TILE_GLUON is not None:
-        if INTERPRET:  # never the Triton kernel in its place: a test that asked for Gluon would pass unseen
-            raise RuntimeError("quantize_token_tiles / quantize_sorted_rows: the Gluon token-tile quantizer runs on "
-                               "a GPU only, not in Triton's interpreter; leave quantize._TOKEN_TILE_GLUON None there")
-        from . import quantize_gluon  # imported only here: Gluon is experimental
+    gluon = _token_tile_gluon(rows)
+    if num_tiles and C and gluon is not None:
+        from . import quantize_gluon  # imported only where it runs: Gluon compiles for GPUs only
 
-        quantize_gluon.token_tiles(src_RC, plan, K, not sorted_rows, data, scale, rows_data, rows_scale,
-                                   *_TOKEN_TILE_GLUON)
+        quantize_gluon.token_tiles(src_RC, plan, K, not sorted_rows, data, scale, rows_data, rows_scale, *gluon)
     elif num_tiles and C:
         some = data if tiles else rows_data
         col_blocks = triton.cdiv(C, _TOKEN_TILE_COLS)
