@@ -16,7 +16,8 @@
    block) at the Qwen3 and Mixtral expert shapes, bf16 and fp32 weights, for each launch shape (warps,
    blocks per program: `_WEIGHT_LAUNCH`); every variant's four outputs checked
    bitwise against `quant.quantize_weight` first, outputs poisoned ("WRONG" and not timed otherwise). Then the Gluon
-   quantizer (`quantize_gluon`, one pass for both dtypes) per (warps, exact cast), checked the same way.
+   quantizer (`quantize_gluon`, the GPU default; one pass for both dtypes) per (warps, exact cast), checked
+   the same way (W^T also without W: `quantize_weight_transposed`).
 5. The token-tile quantizers (x's tiles for dW1/dW3; dout's sorted rows and tiles for dgrad and dW2) at the
    Qwen3 shapes: the shipped Triton kernel, then the Gluon variants checked bitwise against it.
 
@@ -43,8 +44,7 @@ COPY_SHAPES = [(16384, 2048, 128, 8), (16384, 4096, 128, 8), (8192, 4096, 8, 2),
 WEIGHT_SHAPES = [("30b w1", 128, 768, 2048), ("30b w2", 128, 2048, 768), ("235b w1", 128, 1536, 4096),
                  ("235b w2", 128, 4096, 1536), ("mixtral w1", 8, 14336, 4096)]  # name, E, R, C
 WEIGHT_VARIANTS = [(4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 1), (16, 2)]  # warps, blocks per program
-# warps, exact cast, W^T's layout change (quantize_gluon._weight_pair_kernel's VIA)
-WEIGHT_GLUON_VARIANTS = [(8, False, 0), (8, False, 1), (8, False, 2), (4, False, 1), (4, True, 2), (16, False, 1)]
+WEIGHT_GLUON_VARIANTS = [(8, False), (4, True), (8, True), (4, False), (16, False)]  # warps, exact cast
 DSWIGLU_SHAPES = [(131072, 768), (131072, 1536), (16384, 14336), (4096, 768)]  # N, H
 
 
@@ -230,7 +230,7 @@ def bench_weight_quant(do_bench, quick: bool = False):
             nbytes = E * R * C * (w.element_size() + 2) + 2 * E * (R // 128) * (C // 128) * 4
             triton_variants = [defaults[0][dtype]] if quick else WEIGHT_VARIANTS
             variants = ([("triton", warps, cb) for warps, cb in triton_variants] +
-                        [("gluon", warps, knob) for warps, *knob in WEIGHT_GLUON_VARIANTS])
+                        [("gluon", warps, exact) for warps, exact in WEIGHT_GLUON_VARIANTS])
             for kernel, warps, knob in variants:
                 r = {"weight": name, "E": E, "R": R, "C": C, "dtype": str(dtype).replace("torch.", ""),
                      "kernel": kernel, "warps": warps, "bytes": nbytes}
@@ -238,8 +238,8 @@ def bench_weight_quant(do_bench, quick: bool = False):
                     r["col_blocks"] = knob
                     m._WEIGHT_LAUNCH, m._WEIGHT_GLUON = {dtype: (warps, knob)}, {}
                 else:
-                    r["exact_cast"], r["via"] = knob
-                    m._WEIGHT_GLUON = {dtype: (warps, *knob)}
+                    r["exact_cast"] = knob
+                    m._WEIGHT_GLUON = {dtype: (warps, knob)}
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element the kernel skips is NaN, not stale bits
                     try:
@@ -274,8 +274,7 @@ def bench_weight_quant(do_bench, quick: bool = False):
                     m._WEIGHT_LAUNCH, m._WEIGHT_GLUON = dict(defaults[0]), dict(defaults[1])
                 rows.append(r)
                 timing = f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s)" if "us" in r else r["status"]
-                knob_name = (f"x{knob}" if kernel == "triton" else
-                             f"{'exact' if knob[0] else 'hardware'} cast, via {knob[1]}")
+                knob_name = f"x{knob}" if kernel == "triton" else ("exact cast" if knob else "hardware cast")
                 if "wt_bytes_wrong" in r:
                     knob_name += f" ({r['wt_bytes_wrong']} W^T bytes wrong, first {r.get('wt_first_wrong')})"
                 print(f"weight quant {name} {r['dtype']} {kernel} {warps}w {knob_name}: {timing}", flush=True)

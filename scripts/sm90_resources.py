@@ -144,7 +144,7 @@ def gluon_gemm1(block_m: int = 64, num_warps: int = 4, stages: int = 4):
                                                      num_warps=num_warps), aligned, num_warps, 1, source=GluonASTSource)
 
 
-def gluon_weight_quant(dtype: str = "bf16", num_warps: int = 8, exact_cast: bool = False, via: int = 0):
+def gluon_weight_quant(dtype: str = "bf16", num_warps: int = 8, exact_cast: bool = False):
     """The Gluon weight quantizer (`quantize_gluon`), W and W^T in one pass, a contiguous weight."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -154,7 +154,7 @@ def gluon_weight_quant(dtype: str = "bf16", num_warps: int = 8, exact_cast: bool
            **_types("scale_ptr scale_t_ptr", "*fp32"),
            **_types("R C stride_e stride_r", "i32")}
     aligned = set(sig)
-    return compile_sm90(_weight_pair_kernel, sig, dict(stride_c=1, WRITE_W=True, EXACT_CAST=exact_cast, VIA=via,
+    return compile_sm90(_weight_pair_kernel, sig, dict(stride_c=1, WRITE_W=True, EXACT_CAST=exact_cast,
                                                        num_warps=num_warps), aligned, num_warps, 1,
                         source=GluonASTSource)
 
@@ -235,9 +235,6 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon gemm1 128 rows 8 warps 3 stages": lambda: gluon_gemm1(128, 8, 3),
     "gluon weight quant bf16 8 warps": lambda: gluon_weight_quant(),
     "gluon weight quant fp32 4 warps exact": lambda: gluon_weight_quant("fp32", 4, True),
-    "gluon weight quant bf16 8 warps via 1": lambda: gluon_weight_quant(via=1),
-    "gluon weight quant bf16 8 warps via 2": lambda: gluon_weight_quant(via=2),
-    "gluon weight quant fp32 4 warps exact via 2": lambda: gluon_weight_quant("fp32", 4, True, 2),
     "gluon token tiles 4 warps": lambda: gluon_token_tiles(),
     "gluon rows + tiles 4 warps": lambda: gluon_token_tiles(True),
     "gluon rows + tiles 8 warps exact": lambda: gluon_token_tiles(True, 8, True),

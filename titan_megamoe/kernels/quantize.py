@@ -151,11 +151,13 @@ def _quantize_weight_pair_kernel(
 _WEIGHT_LAUNCH = {torch.bfloat16: (8, 4), torch.float32: (4, 2)}
 
 
-# The Gluon quantizer (`quantize_gluon.weight_pair`: fp32 weights in one pass) per input dtype: (warps, exact
-# cast, how W^T's tile changes layout). Empty: on the H100 (2026-12-05) its first version wrote wrong W^T
-# bytes; `bench_row_kernels.py --sections weight_quant` checks each variant bitwise before timing it
-# (docs/kernels.md, "More Gluon").
-_WEIGHT_GLUON: dict[torch.dtype, tuple[int, bool, int]] = {}
+# On a GPU the Gluon kernel runs in its place (`quantize_gluon.weight_pair`: fp32 weights in one pass too):
+# (warps, exact cast) per input dtype; a dtype not listed runs the Triton kernel. On the H100 (2026-12-05,
+# docs/results/gluon_20261205_h100_r2/, `bench_row_kernels.py --sections weight_quant --quick`, outputs bitwise
+# quant.py's at the five expert shapes): bf16 30B-A3B w1 474 -> 276 us, 235B-A22B w1 1855 -> 1085 us; fp32
+# 672 -> 407 and 2619 -> 1603 us (exact cast, 4 warps: faster for fp32 than the hardware cast's 460 us at 8).
+# Triton's interpreter cannot run Gluon: there the Triton kernel runs.
+_WEIGHT_GLUON: dict[torch.dtype, tuple[int, bool]] = {torch.bfloat16: (8, False), torch.float32: (4, True)}
 
 
 def _weight_launch(dtype: torch.dtype, n_col_blocks: int) -> tuple[int, int]:
@@ -200,11 +202,8 @@ def _quantize_weight(where: str, w_ERC: torch.Tensor, want_w: bool):
     data, scale = ((new_output((E, R, C), quant.E4M3, device), new_output((E, R // BLOCK, C // BLOCK), torch.float32,
                                                                           device))
                    if want_w else (data_t, scale_t))  # not written when W is not wanted
-    if E * R * C and w.dtype in _WEIGHT_GLUON:
-        if INTERPRET:  # never the Triton kernel in its place: a test that asked for Gluon would pass unseen
-            raise RuntimeError(f"{where}: the Gluon weight quantizer runs on a GPU only, not in Triton's "
-                               "interpreter; leave quantize._WEIGHT_GLUON empty there")
-        from . import quantize_gluon  # imported only here: Gluon is experimental
+    if E * R * C and w.dtype in _WEIGHT_GLUON and not INTERPRET:
+        from . import quantize_gluon  # imported only where it runs: Gluon compiles for GPUs only
 
         quantize_gluon.weight_pair(w, data, scale, data_t, scale_t, want_w, *_WEIGHT_GLUON[w.dtype])
     elif E * R * C:

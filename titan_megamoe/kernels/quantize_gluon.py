@@ -1,23 +1,23 @@
-"""Block-FP8 quantizers in Gluon (GPU only; Triton's interpreter runs `quantize`'s Triton kernels):
-- `token_tiles`: the token-tile quantizer and sorted rows + tiles, the GPU default (`quantize._TOKEN_TILE_GLUON`;
-  1.27-1.36x the Triton kernel on an H100, bitwise the same output);
-- `weight_pair`: W and W^T from one read of each 128x128 block, off (`quantize._WEIGHT_GLUON` empty): on an
-  H100 its first version wrote wrong W^T bytes (docs/kernels.md, "More Gluon");
-- `store_rows_e4m3`, `store_token_tile_e4m3`: the stores they (and `dswiglu_fp8_gluon`) share.
+"""Block-FP8 quantizers in Gluon, the GPU defaults in place of `quantize`'s Triton kernels (Triton's
+interpreter cannot run Gluon: there the Triton kernels run; both are held to quant.py bit for bit):
+- `weight_pair`: W and W^T from one read of each 128x128 block, fp32 weights in one pass too
+  (`quantize._WEIGHT_GLUON`; on an H100 1.71x the Triton kernel for bf16 weights, 1.65x for fp32);
+- `token_tiles`: the token tiles and sorted rows + tiles (`quantize._TOKEN_TILE_GLUON`; 1.27-1.36x);
+- `store_rows_e4m3`, `store_token_tile_e4m3`: the stores they and `dswiglu_fp8_gluon` share.
 
-Why: the Triton weight kernel (`quantize._quantize_weight_pair_kernel`) runs at ~1.7 TB/s of the ~4 TB/s the
-H200's copies reach (462 us for Qwen3-30B-A3B's w1, 3 such weights in every `fp8` forward). Its sm_90
-compile shows why: Triton moves the *input* tile (bf16, 32 KB) through shared memory into the
-transposed layout and quantizes it a second time there (64 e4m3 conversions per thread for 64
-elements), and fp32 weights take two passes (a Triton 3.6 miscompile when one program stores both
-copies from an fp32 tile). Here the program quantizes each element once, in the layout it was loaded
-in (16-byte loads along the row), stores W from there, and moves the 1-byte e4m3 tile (16 KB) into a
-layout where each thread holds 16 consecutive rows of one column: 16-byte stores along W^T's rows.
+Why: the Triton kernels run at ~1.7 TB/s. The sm_90 compile of the weight kernel shows Triton moving the
+input tile through shared memory into the transposed layout and quantizing it there again, and fp32
+weights take two passes (a Triton 3.6 miscompile when one program stores both copies from an fp32 tile).
+Here the layouts are explicit: 16-byte loads along the rows, the quantization in that layout, the row copy
+stored from it, and the transposed copy stored from a layout in which each thread holds 16 consecutive
+rows of one column (16-byte stores along its rows). The token tiles move their e4m3 bytes into that
+layout (1 byte an element); the weight's W^T moves the input tile and quantizes it again, because moving
+the e4m3 tile that was also stored as W wrote wrong bytes on the H100 (docs/kernels.md, "More Gluon").
 
 The scales and casts are quant.py's (`common.e4m3_scale`, `common.to_e4m3`): `EXACT_CAST` rounds in fp32
 first, as the Triton kernels do to avoid the miscompile; without it the hardware's saturating
-round-to-nearest-even cast does the rounding (fewer instructions). The token tiles and rows came out
-bitwise quant.py's with both on the H100; the weight kernel's W^T did not (above).
+round-to-nearest-even cast does the rounding (fewer instructions). The GPU benchmark
+(`bench_row_kernels.py --sections weight_quant token_tiles`) checks each launch bitwise before timing it.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col0, C, P, EXACT_CAST: 
 
 @gluon.jit
 def _weight_pair_kernel(w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, R, C, stride_e, stride_r, stride_c,
-                        WRITE_W: gl.constexpr, EXACT_CAST: gl.constexpr, VIA: gl.constexpr, num_warps: gl.constexpr):
+                        WRITE_W: gl.constexpr, EXACT_CAST: gl.constexpr, num_warps: gl.constexpr):
     # w [E, R, C] (strided); data [E, R, C], scale [E, R/128, C/128]; data_t [E, C, R], scale_t [E, C/128, R/128]
     # load: 8 consecutive columns per thread (16 B of bf16), a warp covers 2 rows x 128 columns
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
@@ -93,16 +93,11 @@ def _weight_pair_kernel(w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, R, 
     if WRITE_W:
         gl.store(data_ptr + base + rows[:, None] * C + cols[None, :], q)
         gl.store(scale_ptr + blocks + row_block * n_col_blocks + col_block, scale)
-    # W^T's tile in the store layout. VIA 0: the e4m3 tile through shared memory (1 byte an element);
-    # 1: the same bytes as uint8; 2: the input tile through shared memory, quantized again there (what the
-    # Triton kernel does). On the H100 (2026-12-05) VIA 0 wrote wrong W^T bytes in every launch shape while
-    # W and the token-tile kernel's identical layout change came out right: the variants find out why
-    if VIA == 0:
-        q_t = gl.convert_layout(q, st_t)
-    elif VIA == 1:
-        q_t = gl.convert_layout(q.to(gl.uint8, bitcast=True), st_t).to(gl.float8e4nv, bitcast=True)
-    else:
-        q_t = _e4m3(gl.convert_layout(w_in, st_t).to(gl.float32), inv, EXACT_CAST)
+    # W^T from the *input* tile moved into the store layout and quantized again there (same scale, same
+    # values). Moving the e4m3 tile instead (1 byte an element, as the token-tile kernel does) wrote wrong W^T
+    # bytes on the H100 whenever the program also stored that tile as W, as fp8 or as uint8 bytes alike
+    # (docs/kernels.md, "More Gluon")
+    q_t = _e4m3(gl.convert_layout(w_in, st_t).to(gl.float32), inv, EXACT_CAST)
     rows_t = row_block * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, st_t))
     cols_t = col_block * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, st_t))
     gl.store(data_t_ptr + base + cols_t[None, :] * R + rows_t[:, None], q_t)
@@ -141,12 +136,12 @@ def _token_tiles_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offse
 
 
 def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool, num_warps: int,
-                exact_cast: bool, via: int = 0) -> None:
+                exact_cast: bool) -> None:
     """Fill data_t/scale_t (and data/scale when `write_w`) from w [E, R, C] (R, C multiples of 128; the
     caller checks and allocates, as `quantize._quantize_weight` does)."""
     E, R, C = w_ERC.shape
     launch(_weight_pair_kernel, (C // BLOCK, R // BLOCK, E), w_ERC, data, scale, data_t, scale_t, R, C,
-           w_ERC.stride(0), w_ERC.stride(1), w_ERC.stride(2), WRITE_W=write_w, EXACT_CAST=exact_cast, VIA=via,
+           w_ERC.stride(0), w_ERC.stride(1), w_ERC.stride(2), WRITE_W=write_w, EXACT_CAST=exact_cast,
            num_warps=num_warps)
 
 
