@@ -604,8 +604,8 @@ def main():
                     help="a table file from `titan-megamoe tune`, used before the shipped table (its path and "
                          "sha256 go into the JSON)")
     ap.add_argument("--triton-quantizers", action="store_true",
-                    help="block FP8: the Triton token-tile quantizer and dSwiGLU kernels where the GPU default is "
-                         "their Gluon version (the before of that change, in the same process layout)")
+                    help="block FP8: the Triton weight and token-tile quantizers and dSwiGLU kernels where the GPU "
+                         "default is their Gluon version (the before of that change)")
     a = ap.parse_args()
     if a.rounds < 1 or a.iters < 1:
         ap.error(f"--rounds and --iters must be at least 1, got {a.rounds} and {a.iters}")
@@ -617,6 +617,7 @@ def main():
         from titan_megamoe.kernels import dgrad_swiglu, quantize
 
         quantize._TOKEN_TILE_GLUON = dgrad_swiglu._FP8_DSWIGLU_GLUON = None
+        quantize._WEIGHT_GLUON = {}
         env["fp8_memory_kernels"] = "triton"
     if a.tile_table:
         from titan_megamoe.kernels import configs

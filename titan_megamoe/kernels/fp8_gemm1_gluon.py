@@ -162,8 +162,8 @@ def _fp8_gemm1_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, tile_e
             q = to_e4m3(h0, h_inv[:, None], False)
         else:
             q = to_e4m3(h1, h_inv[:, None], False)
-        gl.store(h_ptr + srows.to(gl.int64)[:, None] * H + (scols + 64 * half)[None, :], gl.convert_layout(q, store_layout),
-                 mask=sok[:, None])
+        gl.store(h_ptr + srows.to(gl.int64)[:, None] * H + (scols + 64 * half)[None, :],
+                 gl.convert_layout(q, store_layout), mask=sok[:, None])
     gl.store(hs_ptr + rows.to(gl.int64) * (H // 128) + n0 // 128, h_scale, mask=row_ok)
 
 
