@@ -224,6 +224,15 @@ def _token_tile_reference(src_RC, ids, E):
     return quant.quantize_token_tiles(src_RC[plan.order_N.long() // plan.rows_per_token], plan), plan
 
 
+def _sorted_rows_case(case: str, seed: int):
+    """(src on CPU, its token tiles and sorted rows by quant.py, the oracle's plan, the kernels' plan)."""
+    ids, E = _routing(case)
+    src = _hard_values((max(ids.shape[0], 4), 256), seed=seed)[: ids.shape[0]]
+    ref_tiles, plan_ref = _token_tile_reference(src, ids, E)
+    ref_rows = quant.quantize_activation(src[plan_ref.order_N.long() // plan_ref.rows_per_token])
+    return src, ref_tiles, ref_rows, plan_ref, build_routing_plan(ids.to(DEVICE), E, 128)
+
+
 def _assert_spare_tiles_empty(q, plan):
     """Columns of tiles with no expert: data 0 and scale 1; columns past an expert's last row: data 0."""
     expert_T = plan.tile_expert.cpu().long()
@@ -307,11 +316,7 @@ def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
     for case in ["uniform_k2", "k1", "empty_experts", "one_hot_expert", "skewed", "exact_128_and_129", "contiguous",
                  "no_rows"]:
-        ids, E = _routing(case)
-        src = _hard_values((max(ids.shape[0], 4), 256), seed=E)[: ids.shape[0]]
-        ref_tiles, plan_ref = _token_tile_reference(src, ids, E)
-        ref_rows = quant.quantize_activation(src[plan_ref.order_N.long() // plan_ref.rows_per_token])
-        plan = build_routing_plan(ids.to(DEVICE), E, 128)
+        src, ref_tiles, ref_rows, plan_ref, plan = _sorted_rows_case(case, seed=_routing(case)[1])
         _assert_bitwise(quantize_token_tiles(src.to(DEVICE), plan), ref_tiles, f"gluon tiles {case}")
         rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
         _assert_bitwise(rows, ref_rows, f"gluon rows {case}")
@@ -348,11 +353,7 @@ def test_gluon_token_tile_quantizer_host_path(monkeypatch):
 @pytest.mark.parametrize("case", ["uniform_k2", "one_hot_expert", "exact_128_and_129", "contiguous", "no_rows"])
 def test_quantize_sorted_rows_matches_quant(case):
     """Rows gathered into sorted order in 1x128 blocks (and, with_tiles, the token tiles from the same read)."""
-    ids, E = _routing(case)
-    src = _hard_values((max(ids.shape[0], 4), 256), seed=E + 1)[: ids.shape[0]]
-    ref_tiles, plan_ref = _token_tile_reference(src, ids, E)
-    ref_rows = quant.quantize_activation(src[plan_ref.order_N.long() // plan_ref.rows_per_token])
-    plan = build_routing_plan(ids.to(DEVICE), E, 128)
+    src, ref_tiles, ref_rows, plan_ref, plan = _sorted_rows_case(case, seed=_routing(case)[1] + 1)
     _assert_bitwise(quantize_sorted_rows(src.to(DEVICE), plan), ref_rows, f"sorted rows {case}")
     rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
     _assert_bitwise(rows, ref_rows, f"sorted rows with tiles {case}")

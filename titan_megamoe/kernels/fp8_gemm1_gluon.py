@@ -30,7 +30,7 @@ from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import cast_rne, e4m3_scale, new_output, to_e4m3
 from .epilogue import swiglu
-from .fp8_rows_gluon import _cta_barrier, _descriptor, _tma_load
+from .fp8_rows_gluon import _cta_barrier, _descriptor, _tma_load, plan_row_tile
 from .launch import launch
 
 
@@ -107,14 +107,9 @@ def _fp8_gemm1_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, tile_e
                       g_ptr, u_ptr, h_ptr, hs_ptr, N, D, H, BLOCK_M: gl.constexpr, SUB_TILES: gl.constexpr,
                       STAGES: gl.constexpr, num_warps: gl.constexpr):
     # the plan tile and 128 columns of this program (row_tile's order: N-tiles fastest)
-    pid = gl.program_id(0)
-    num_n = gl.cdiv(H, 128)
-    pid_m = pid // num_n
-    n0 = (pid % num_n) * 128
-    tile = pid_m // SUB_TILES
-    expert = gl.load(tile_expert_ptr + tile)
-    row0 = gl.load(tile_row_ptr + tile) + (pid_m % SUB_TILES) * BLOCK_M
-    row_end = gl.load(offsets_ptr + gl.maximum(expert, 0) + 1)
+    expert, row0, row_end, pid_n = plan_row_tile(gl.cdiv(H, 128), tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                 BLOCK_M, SUB_TILES)
+    n0 = pid_n * 128
     if (expert < 0) | (row0 >= row_end):
         return
 

@@ -71,19 +71,28 @@ def _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_sca
 
 
 @gluon.jit
+def plan_row_tile(num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: gl.constexpr, SUB_TILES: gl.constexpr):
+    """This program's (expert, first row, the expert's end row, column block) in `schedule.row_tile`'s order
+    (column blocks fastest; SUB_TILES programs of BLOCK_M rows per plan tile). expert < 0 or first row >= end
+    row: nothing to do (a spare tile, or a sub-tile past the expert's rows)."""
+    pid = gl.program_id(0)
+    pid_m = pid // num_n
+    tile = pid_m // SUB_TILES
+    expert = gl.load(tile_expert_ptr + tile)
+    row0 = gl.load(tile_row_ptr + tile) + (pid_m % SUB_TILES) * BLOCK_M
+    row_end = gl.load(offsets_ptr + gl.maximum(expert, 0) + 1)
+    return expert, row0, row_end, pid % num_n
+
+
+@gluon.jit
 def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,
                      order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, out_ptr, N, KD, ND, NK1,
                      SORTED_OUT: gl.constexpr, BLOCK_M: gl.constexpr, SUB_TILES: gl.constexpr,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     # the plan tile and columns of this program (row_tile's order: N-tiles fastest)
-    pid = gl.program_id(0)
-    num_n = gl.cdiv(ND, BLOCK_N)
-    pid_m = pid // num_n
-    n0 = (pid % num_n) * BLOCK_N
-    tile = pid_m // SUB_TILES
-    expert = gl.load(tile_expert_ptr + tile)
-    row0 = gl.load(tile_row_ptr + tile) + (pid_m % SUB_TILES) * BLOCK_M
-    row_end = gl.load(offsets_ptr + gl.maximum(expert, 0) + 1)
+    expert, row0, row_end, pid_n = plan_row_tile(gl.cdiv(ND, BLOCK_N), tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                 BLOCK_M, SUB_TILES)
+    n0 = pid_n * BLOCK_N
     if (expert < 0) | (row0 >= row_end):
         return
 
