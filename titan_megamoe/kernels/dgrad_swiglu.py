@@ -60,17 +60,14 @@ from .sorted_rows import sorted_rows
 # 8, though sm_90's compile spills at both (docs/results/tune_logs/2026-12-04_fp8_dswiglu_modes_3a5e4c7.log)
 _FP8_DSWIGLU = dict(num_warps=16)
 
-# Block FP8 dSwiGLU as the rows + token-tiles pair (True) or as `_dswiglu_fp8_kernel` (False, the one
-# measured on the H200, hence the default): the switch and the knobs below are read at each call, so a
-# GPU script can time every variant (`scripts/bench_row_kernels.py --sections fp8_dswiglu`, each checked
-# bitwise first). The pair has not run on a GPU yet (none was lent on 2026-12-04 late evening);
-# starting points from kernels of the same shape: the bf16 rows kernel's 32 x 128 at 8 warps
-# (`_ROWS_BLOCK_M`; 74 registers, no spill in the sm_90 compile), the token-tile quantizer's 4 warps with
-# two column blocks in turn (`quantize.py`), here in 32-column steps: dg, du and s*h live at once, and 4
-# warps spill 2.2 KB a thread at 128-column steps, 1 KB at 64, 56 B at 32 (local Triton's sm_90 compile,
-# as scripts/sm90_resources.py does it; the GPU's Triton may differ).
-# H200, 30B-A3B T=16384 (docs/results/bench_row_kernels_20261205T021052.json, at cc0ca82): the pair with
-# these settings 1055 us, the single kernel 1308 us (1.24x); 8-warp tiles were slower (1.50 ms)
+# The Triton kernels of block FP8's dSwiGLU (where the Gluon one below does not run: Triton's interpreter, or
+# `_FP8_DSWIGLU_GLUON = None`): the rows + token-tiles pair (True) or `_dswiglu_fp8_kernel` (False). The switch
+# and knobs are read at each call, so a GPU script can time every variant (`scripts/bench_row_kernels.py
+# --sections fp8_dswiglu`, each checked bitwise first). The pair's shapes: the bf16 rows kernel's 32 x 128 at 8
+# warps (74 registers, no spill in the sm_90 compile) and the token-tile quantizer's 4 warps with two column
+# blocks in turn, 32 columns a step (dg, du and s*h live at once: 4 warps spill 2.2 KB a thread at 128-column
+# steps, 1 KB at 64, 56 B at 32). H200, 30B-A3B T=16384 (docs/results/bench_row_kernels_20261205T021052.json,
+# at cc0ca82): the pair 1055 us, the single kernel 1308 us; 8-warp tiles were slower (1.50 ms)
 _FP8_DSWIGLU_SPLIT = True
 _FP8_ROWS_BLOCK_M, _FP8_ROWS_WARPS = 32, 8
 _FP8_TILES_WARPS, _FP8_TILES_COL_BLOCKS, _FP8_TILES_BLOCK_N = 4, 2, 32
