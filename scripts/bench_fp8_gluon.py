@@ -29,8 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import environment, result_path  # noqa: E402
 
 SHAPES = {"30b": (16384, 8, 128, 2048, 768), "235b": (16384, 8, 128, 4096, 1536)}  # T, K, E, D, H
-VARIANTS = [  # block_m, block_n, warps, stages
-    (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 4, 5), (128, 128, 8, 3), (128, 128, 8, 4), (64, 64, 4, 4)]
+# block_m, block_n, warps, stages, warp-specialised (a producer warp; two consumer warpgroups at 128 rows)
+VARIANTS = [
+    (64, 128, 4, 3, False), (64, 128, 4, 4, False), (128, 128, 8, 3, False), (128, 128, 8, 4, False),
+    (128, 128, 8, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 5, True)]
 GEMM1_VARIANTS = [(64, 4, 3), (64, 4, 4), (128, 8, 3)]  # block_m, warps, stages (64-column halves)
 
 
@@ -204,9 +206,9 @@ def main():
             print(f"{shape} {name}: triton {t_us:.1f} us ({row['triton_tflops']:.0f} TFLOP/s), "
                   f"err {row['triton_rel_err_vs_fp64']:.2e}", flush=True)
             row["gluon"] = []
-            for bm, bn, warps, stages in VARIANTS:
-                knobs = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages)
-                rec = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages}
+            for bm, bn, warps, stages, ws in VARIANTS:
+                knobs = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages, warp_specialize=ws)
+                rec = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "warp_specialize": ws}
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"
 
@@ -232,13 +234,13 @@ def main():
                         rec["speedup_vs_triton"] = t_us / us
                     timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)"
                               if ok else "WRONG, not timed")
-                    print(f"  gluon {bm}x{bn} w{warps} s{stages}: {timing}; bitwise "
+                    print(f"  gluon {bm}x{bn} w{warps} s{stages}{' ws' * ws}: {timing}; bitwise "
                           f"{rec['bitwise_equal_fraction']:.4f}, max rel diff {rec['max_rel_diff_vs_triton']:.2e}, "
                           f"err {rec['rel_err_vs_fp64']:.2e}", flush=True)
                 except Exception as e:  # a variant that fails to compile or launch is reported, the rest still run
                     os.environ.pop("TITAN_MEGAMOE_POISON", None)
                     rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    print(f"  gluon {bm}x{bn} w{warps} s{stages}: {rec['error']}", flush=True)
+                    print(f"  gluon {bm}x{bn} w{warps} s{stages}{' ws' * ws}: {rec['error']}", flush=True)
                 row["gluon"].append(rec)
             rows_out.append(row)
             save()

@@ -105,7 +105,8 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
                                                        BLOCK_K=128, FP8=True), num_warps, num_stages)
 
 
-def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False):
+def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False,
+               ws: bool = False):
     """The Gluon block-FP8 row GEMM (`fp8_rows_gluon`): GEMM2 and dx are one binary (dx's second pair is
     runtime arguments and K blocks), dgrad's q the `sorted_out` one."""
     from triton.experimental.gluon import language as gl
@@ -121,7 +122,7 @@ def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages
            **_types("N KD ND NK1", "i32")}
     aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
     return compile_sm90(_fp8_rows_kernel, sig, dict(SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=128 // block_m,
-                                                    BLOCK_N=block_n, STAGES=stages, num_warps=num_warps),
+                                                    BLOCK_N=block_n, STAGES=stages, WS=ws, num_warps=num_warps),
                         aligned, num_warps, 1, source=GluonASTSource)
 
 
@@ -231,6 +232,7 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon gemm2/dx 64 rows 4 warps": lambda: gluon_rows(),
     "gluon dgrad q 64 rows 4 warps": lambda: gluon_rows(sorted_out=True),
     "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(block_m=128, num_warps=8),
+    "gluon gemm2/dx 128 rows 8 warps, warp-specialised": lambda: gluon_rows(block_m=128, num_warps=8, ws=True),
     "gluon gemm1 64 rows 4 warps": lambda: gluon_gemm1(),
     "gluon gemm1 128 rows 8 warps 3 stages": lambda: gluon_gemm1(128, 8, 3),
     "gluon weight quant bf16 8 warps": lambda: gluon_weight_quant(),
