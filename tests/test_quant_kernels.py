@@ -332,8 +332,8 @@ def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
 
 
 def test_gluon_token_tile_quantizer_host_path(monkeypatch):
-    """The launcher's host code with the launch stubbed (runs on CPU): grid, the unused outputs' stand-ins,
-    flags."""
+    """The launcher's host code with the launch stubbed (runs on CPU): grid, the outputs in the kernel's
+    order, flags."""
     from titan_megamoe.kernels import quantize_gluon
 
     calls = []
@@ -342,7 +342,7 @@ def test_gluon_token_tile_quantizer_host_path(monkeypatch):
     plan = build_routing_plan(ids.to(DEVICE), E, 128)
     src = torch.zeros(ids.shape[0], 384, device=DEVICE)
     data, scale = torch.empty(1, device=DEVICE), torch.empty(2, device=DEVICE)
-    quantize_gluon.token_tiles(src, plan, 2, True, data, scale, None, None, 4, False)
+    quantize_gluon.token_tiles(src, plan, 2, True, (data, scale, data, data), True, False, 4, False)
     (fn, grid, args, kw), = calls
     assert fn is quantize_gluon._token_tiles_kernel and grid == (plan.layout.num_tiles, 3)
     assert args[5] is data and args[6] is scale and args[7] is data and args[8] is data

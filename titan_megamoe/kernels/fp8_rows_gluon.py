@@ -71,6 +71,17 @@ def _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_sca
 
 
 @gluon.jit
+def _start_block(j, a_smem, b_smem, ready, zero, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off, kb,
+                 STAGES: gl.constexpr):
+    """Wait for K block j's operands, issue its MMA into a fresh accumulator (asynchronously), load its
+    scales: (the MMA in flight, sa * sb per row)."""
+    stage = j % STAGES
+    mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
+    prod = warpgroup_mma(a_smem.index(stage), b_smem.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+    return prod, _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+
+
+@gluon.jit
 def _overlapped_loop(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,
                      rows, rows_in, b_scale_off, row0, b_row, kb, total, mma_layout: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
@@ -82,15 +93,11 @@ def _overlapped_loop(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, 
     zero = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma_layout)
     acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma_layout)
     # K block 0: issued, not waited for
-    mbarrier.wait(ready.index(0), 0)
-    prev = warpgroup_mma(a_smem.index(0), b_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
-    prev_scale = _block_scale(0, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+    prev, prev_scale = _start_block(0, a_smem, b_smem, ready, zero, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows,
+                                    rows_in, b_scale_off, kb, STAGES)
     for j in range(1, total):
-        stage = j % STAGES
-        mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
-        cur = warpgroup_mma(a_smem.index(stage), b_smem.index(stage).permute((1, 0)), zero, use_acc=False,
-                            is_async=True)
-        cur_scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+        cur, cur_scale = _start_block(j, a_smem, b_smem, ready, zero, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows,
+                                      rows_in, b_scale_off, kb, STAGES)
         # block j-1's product is done once at most one group (block j's) is in flight; scale it meanwhile
         done = warpgroup_mma_wait(num_outstanding=1, deps=(prev, ))
         acc += done * prev_scale[:, None]
@@ -128,14 +135,11 @@ def _ws_consume(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr
     zero = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma_layout)
     acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma_layout)
     for j in range(total):
-        stage = j % STAGES
-        mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
-        prod = warpgroup_mma(a_smem.index(stage), b_smem.index(stage).permute((1, 0)), zero, use_acc=False,
-                             is_async=True)
-        scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+        prod, scale = _start_block(j, a_smem, b_smem, ready, zero, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in,
+                                   b_scale_off, kb, STAGES)
         prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
         _cta_barrier()  # both warpgroups are past this stage's MMA before one thread hands it back
-        mbarrier.arrive(empty.index(stage), count=1)
+        mbarrier.arrive(empty.index(j % STAGES), count=1)
         acc += prod * scale[:, None]
     return (acc, )  # a partition's results come back as a tuple
 

@@ -11,9 +11,9 @@ only on: a tensor's dtype and whether its address is a multiple of 16; an intege
 (i32 / i64 / u64), whether it is 1 and whether it is a multiple of 16; a TMA descriptor's dtype and
 block shape (a Gluon descriptor's also its layout); constexprs and launch options by value. The summary
 keeps exactly those (plus the device and the argument names given by keyword). The first call with a
-new summary goes through Triton, which compiles or finds the kernel and launches it; the compiled kernel is kept under the summary and later
-calls launch it directly. `tests/test_launch.py` checks on the GPU that the kernel picked is the one
-Triton picks, for each kind of argument.
+new summary goes through Triton, which compiles or finds the kernel and launches it; the compiled kernel
+is kept under the summary and later calls launch it directly. `tests/test_launch.py` checks on the GPU that
+the kernel picked is the one Triton picks, for each kind of argument.
 
 Launch hooks (`triton.knobs.runtime.launch_enter_hook` / `launch_exit_hook`, set by profilers) are
 called as Triton calls them. Through Triton every time: under the interpreter (CPU), with a kernel's

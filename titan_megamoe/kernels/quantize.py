@@ -336,20 +336,22 @@ def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool,
                    if tiles else (None, None))
     rows_data, rows_scale = ((new_output((N, C), quant.E4M3, dev), new_output((N, C // BLOCK), torch.float32, dev))
                              if rows else (None, None))
+    # both kernels take all four outputs: one not wanted is a stand-in they never write (WITH_TILES, WITH_ROWS)
+    some = data if tiles else rows_data
+    outs = (data if tiles else some, scale if tiles else some, rows_data if rows else some,
+            rows_scale if rows else some)
     gluon = _token_tile_gluon(rows)
     if num_tiles and C and gluon is not None:
         from . import quantize_gluon  # imported only where it runs: Gluon compiles for GPUs only
 
-        quantize_gluon.token_tiles(src_RC, plan, K, not sorted_rows, data, scale, rows_data, rows_scale, *gluon)
+        quantize_gluon.token_tiles(src_RC, plan, K, not sorted_rows, outs, tiles, rows, *gluon)
     elif num_tiles and C:
-        some = data if tiles else rows_data
         col_blocks = triton.cdiv(C, _TOKEN_TILE_COLS)
         per_program = 2 if not rows and col_blocks % 2 == 0 else 1
         launch(
             _quantize_token_tiles_kernel, (num_tiles, col_blocks // per_program),
             src_RC, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
-            data if tiles else some, scale if tiles else some, rows_data if rows else some,
-            rows_scale if rows else some, C, num_tiles, K, src_RC.stride(0), src_RC.stride(1),
+            *outs, C, num_tiles, K, src_RC.stride(0), src_RC.stride(1),
             GATHER=not sorted_rows, BLOCK_M=bm, BLOCK_C=_TOKEN_TILE_COLS, COL_BLOCKS=per_program, WITH_TILES=tiles,
             WITH_ROWS=rows, INTERPRET=INTERPRET, num_warps=_TOKEN_TILE_WARPS,
         )

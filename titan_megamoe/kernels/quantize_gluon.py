@@ -145,16 +145,14 @@ def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool
            num_warps=num_warps)
 
 
-def token_tiles(src_RC: torch.Tensor, plan, K: int, gather: bool, data, scale, rows_data, rows_scale,
+def token_tiles(src_RC: torch.Tensor, plan, K: int, gather: bool, outs, with_tiles: bool, with_rows: bool,
                 num_warps: int, exact_cast: bool) -> None:
-    """`quantize._gathered`'s kernel in Gluon: fill the token tiles (data, scale) and/or the sorted rows
-    (rows_data, rows_scale; None where not wanted) from src_RC's rows in the plan's order (gathered through
-    plan.order_N // K, or src_RC's own rows when not `gather`)."""
+    """`quantize._gathered`'s kernel in Gluon: fill the token tiles and/or the sorted rows, `outs` = (tile data,
+    tile scale, row data, row scale) as `_gathered` passes them to the Triton kernel (stand-ins where not
+    wanted), from src_RC's rows in the plan's order (gathered through plan.order_N // K, or src_RC's own rows
+    when not `gather`)."""
     C = src_RC.shape[1]
-    some = data if data is not None else rows_data
     launch(_token_tiles_kernel, (plan.layout.num_tiles, triton.cdiv(C, BLOCK)), src_RC, plan.order_N,
-           plan.tile_expert, plan.tile_row, plan.offsets_E1,
-           some if data is None else data, some if scale is None else scale,
-           some if rows_data is None else rows_data, some if rows_scale is None else rows_scale,
-           C, plan.layout.num_tiles, K, src_RC.stride(0), src_RC.stride(1), GATHER=gather,
-           WITH_TILES=data is not None, WITH_ROWS=rows_data is not None, EXACT_CAST=exact_cast, num_warps=num_warps)
+           plan.tile_expert, plan.tile_row, plan.offsets_E1, *outs, C, plan.layout.num_tiles, K, src_RC.stride(0),
+           src_RC.stride(1), GATHER=gather, WITH_TILES=with_tiles, WITH_ROWS=with_rows, EXACT_CAST=exact_cast,
+           num_warps=num_warps)

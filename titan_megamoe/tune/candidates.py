@@ -86,7 +86,8 @@ CANDIDATES_FP8 = {
                      C(M, 64, F, 8, 3, **T_), C(M, 64, F, 8, 4, **T_)],
     # warp specialisation of the 64-row, 4-warp loops stops Triton 3.6 with an internal assertion
     # (TaskIdPropagation.cpp, docs/results/tune_logs/2026-12-04_fp8_tune_2048x768_a.log): 128 rows only
-    # (the Gluon kernel, `TileConfig.gluon`, joins these once it has run on a GPU: docs/kernels.md)
+    # (the Gluon kernels, `TileConfig.gluon`, are not candidates: bitwise right and slower on an H100,
+    # docs/kernels.md "More Gluon")
     "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)],
     "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS],
     "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)],
