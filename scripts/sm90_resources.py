@@ -92,17 +92,25 @@ def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 1
 
 
 def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: int = 8, sorted_out: bool = False,
-                 num_stages: int = 3, group_m: int = 1):
-    """The FP8 row-tiled GEMM: GEMM2, dx (`two_pairs`) or dgrad's q (`sorted_out`)."""
+                 num_stages: int = 3, group_m: int = 1, persistent: bool = False, bf16: bool = False, block_k: int = 128):
+    """The row-tiled GEMM (FP8 unless `bf16`, both operands through TMA): GEMM2, dx (`two_pairs`) or dgrad's q
+    (`sorted_out`); `persistent`: resident programs walking the tiles."""
     from titan_megamoe.kernels.grouped_gemm import _grouped_gemm_kernel
 
-    sig = {"a1_ptr": _fp8_desc(block_m), "b1_ptr": _fp8_desc(block_n), "a2_ptr": _fp8_desc(block_m),
-           "b2_ptr": _fp8_desc(block_n), **PLAN, "out_ptr": "*bf16", **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"),
-           **_types("KD ND stride_be stride_bk stride_bn", "i32")}
-    return _row_kernel(_grouped_gemm_kernel, sig, dict(TWO_PAIRS=two_pairs, TMA=True, B_TRANS=True, WS=False,
+    if bf16:  # GEMM2 reads W2 [n, k] (B_TRANS), dx W1 / W3 [k, n]
+        trans = not two_pairs
+        a, b = f"tensordesc<bf16[{block_m}, {block_k}]>", (f"tensordesc<bf16[{block_n}, {block_k}]>" if trans
+                                                           else f"tensordesc<bf16[{block_k}, {block_n}]>")
+    else:
+        trans, a, b = True, _fp8_desc(block_m), _fp8_desc(block_n)
+    sig = {"a1_ptr": a, "b1_ptr": b, "a2_ptr": a, "b2_ptr": b, **PLAN, "out_ptr": "*bf16",
+           **({} if bf16 else _types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32")),
+           **_types("KD ND num_tiles stride_be stride_bk stride_bn", "i32")}
+    return _row_kernel(_grouped_gemm_kernel, sig, dict(TWO_PAIRS=two_pairs, TMA=True, B_TRANS=trans, WS=False,
                                                        SORTED_OUT=sorted_out, PEER_OUT=False, WAIT=False,
                                                        BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=group_m, BLOCK_N=block_n,
-                                                       BLOCK_K=128, FP8=True), num_warps, num_stages)
+                                                       BLOCK_K=block_k, FP8=not bf16, PERSISTENT=persistent),
+                       num_warps, num_stages)
 
 
 def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False,
@@ -225,6 +233,10 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gemm1 64 rows 4 warps": lambda: gemm1(64, block_m=64, num_warps=4),
     "gemm2 128 rows 8 warps": lambda: grouped_gemm(128, False),
     "gemm2 64 rows 4 warps": lambda: grouped_gemm(128, False, block_m=64, num_warps=4),
+    "gemm2 64 rows 4 warps persistent": lambda: grouped_gemm(128, False, block_m=64, num_warps=4, num_stages=4,
+                                                             persistent=True),
+    "bf16 gemm2 128x256x64 3 stages": lambda: grouped_gemm(256, False, bf16=True, block_k=64),
+    "bf16 gemm2 128x256x64 3 stages persistent": lambda: grouped_gemm(256, False, bf16=True, block_k=64, persistent=True),
     "dx 128 rows 8 warps": lambda: grouped_gemm(128, True),
     "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
     "dgrad q 128 rows 8 warps": lambda: grouped_gemm(128, False, sorted_out=True),

@@ -89,6 +89,9 @@ def main():
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
                     help="the kernels' operand precision (fp8: block FP8, its own candidates and table entries)")
     ap.add_argument("--write", action="store_true", help="merge the winners into tuned_configs.json")
+    ap.add_argument("--persistent-only", action="store_true",
+                    help="time only the config in use at this shape (table or default) and the persistent candidates "
+                         "(TileConfig.persistent): the before/after of the persistent grouped GEMM, in one process")
     ap.add_argument("--merge", nargs="+", metavar="RUN_JSON",
                     help="no GPU work: rebuild table entries from recorded runs (docs/results/tune_*.json)")
     a = ap.parse_args()
@@ -110,7 +113,10 @@ def main():
     for kernel in a.kernels:
         results = []
         first_outs = None
-        for cfg in candidates[kernel]:
+        todo = candidates[kernel]
+        if a.persistent_only:
+            todo = [configs.tile_config(kernel, D, H, a.precision)] + [c for c in todo if c.persistent]
+        for cfg in todo:
             cand = cfg.to_record()
             t0 = time.time()
             try:

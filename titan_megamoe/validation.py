@@ -182,6 +182,7 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
 
 # the block-FP8 GEMMs with Gluon kernels: `kernels.fp8_gemm1_gluon` (GEMM1), `kernels.fp8_rows_gluon` (the rest)
 GLUON_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")
+PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kernels/grouped_gemm.py)
 
 
 def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None = None) -> None:
@@ -190,7 +191,7 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only
     for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
     block-FP8 GEMM1, GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
-    it: a table entry's)."""
+    it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM)."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 
@@ -209,6 +210,13 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     if cfg.warp_specialize and not (kernel in ("gemm2", "dx") or (kernel in WGRAD and cfg.sorted_copy)):
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) and to the weight gradients "
                          f"with sorted_copy only")
+    persistent = cfg.persistent
+    if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0 or (persistent and (
+            kernel not in PERSISTENT_KERNELS or cfg.warp_specialize or cfg.gluon
+            or (kernel == "dgrad_swiglu" and not cfg.split))):
+        raise ValueError(f"{kernel}: persistent (resident programs per multiprocessor) must be an integer >= 0, "
+                         f"and above 0 only for {', '.join(PERSISTENT_KERNELS)} (dgrad_swiglu with split), without "
+                         f"warp_specialize or gluon; got {cfg}")
     if cfg.gluon:
         if kernel not in GLUON_KERNELS or precision not in (None, "fp8"):
             raise ValueError(f"{kernel}: gluon applies to block FP8 {', '.join(GLUON_KERNELS)} only"

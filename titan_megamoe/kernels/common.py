@@ -11,6 +11,7 @@ Block FP8 (`e4m3_scale`, `to_e4m3`) follows `titan_megamoe.quant` bit for bit: p
 from the block's amax, a saturating round-to-nearest-even cast.
 """
 
+import functools
 import os
 
 import torch
@@ -119,3 +120,12 @@ def new_output(shape, dtype, device):
         fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
         return torch.full(shape, fill, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (a persistent kernel's grid is a multiple of it). On the CPU
+    (Triton's interpreter) 2, so that the interpreter's programs still each walk several tiles."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -31,14 +31,14 @@ import triton.language as tl
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, matrix_descriptor, new_output, tma_ok
+from .common import INTERPRET, matrix_descriptor, multiprocessors, new_output, tma_ok
 from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
 from .fp8_rows_gluon import fp8_row_gemm
 from .mainloop import row_mainloop
 from .peer_rows import store_rows_to_peers, wait_for_expert_rows
-from .schedule import row_tile
+from .schedule import real_tile_count, row_tile
 
 
 @triton.jit
@@ -49,19 +49,52 @@ def _grouped_gemm_kernel(
     a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,  # FP8 scales: A [N, KD/128], B [E, ND/128, KD/128]
     dst_offset_ptr,  # PEER_OUT: int64 [N], where sorted row p's output starts, in elements from out_ptr
     arrived_ptr, expected_ptr,  # WAIT: per local expert, int32 counts of landed rows and the count to wait for
-    KD, ND,
+    KD, ND, num_tiles,  # num_tiles: the plan's tile bound (`PlanLayout.num_tiles`)
     stride_be, stride_bk, stride_bn,
     TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr, SORTED_OUT: tl.constexpr,
     PEER_OUT: tl.constexpr, WAIT: tl.constexpr,
     BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, FP8: tl.constexpr,
+    BLOCK_K: tl.constexpr, FP8: tl.constexpr, PERSISTENT: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     num_n = tl.cdiv(ND, BLOCK_N)
-    expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr,
-                                                 offsets_ptr, BLOCK_M, SUB_TILES, GROUP_M)
-    if expert < 0:
-        return
+    if PERSISTENT:
+        # resident programs, each walking work items pid, pid + grid, ... of the real tiles (counted here,
+        # no host sync) in one loop that Triton flattens with the K loop: the software pipeline then loads
+        # the next item's first K blocks while this one's epilogue stores, instead of a pipeline fill and
+        # drain per tile (GEMM2's and dx's reductions are short: 6-12 K steps at Qwen3 shapes). Flattening
+        # needs the main loop outside any branch, so a part past its expert's rows (block_m 64: the second
+        # half of an expert's last plan tile) runs masked instead of returning (its loads and MMAs are
+        # wasted: at most one part per expert)
+        num_pids = real_tile_count(tile_expert_ptr, num_tiles) * SUB_TILES * num_n
+        for pid in tl.range(tl.program_id(0), num_pids, tl.num_programs(0), flatten=True):
+            expert, pid_n, row0, rows, row_ok = row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                         BLOCK_M, SUB_TILES, GROUP_M, num_pids)
+            # (a part past its expert's rows has expert -1 and no row in range: row_ok masks it whole)
+            _row_gemm_tile(tl.maximum(expert, 0), pid_n, row0, rows, row_ok,
+                           a1_ptr, b1_ptr, a2_ptr, b2_ptr, order_ptr, out_ptr, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,
+                           dst_offset_ptr, arrived_ptr, expected_ptr, KD, ND, stride_be, stride_bk, stride_bn,
+                           TWO_PAIRS, TMA, B_TRANS, WS, SORTED_OUT, PEER_OUT, WAIT, BLOCK_M, BLOCK_N, BLOCK_K, FP8,
+                           INTERPRET)
+    else:
+        expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr,
+                                                     offsets_ptr, BLOCK_M, SUB_TILES, GROUP_M)
+        if expert >= 0:  # < 0: nothing to do (a tile past the real count, a part past its expert's rows)
+            _row_gemm_tile(expert, pid_n, row0, rows, row_ok,
+                           a1_ptr, b1_ptr, a2_ptr, b2_ptr, order_ptr, out_ptr, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,
+                           dst_offset_ptr, arrived_ptr, expected_ptr, KD, ND, stride_be, stride_bk, stride_bn,
+                           TWO_PAIRS, TMA, B_TRANS, WS, SORTED_OUT, PEER_OUT, WAIT, BLOCK_M, BLOCK_N, BLOCK_K, FP8,
+                           INTERPRET)
+
+
+@triton.jit
+def _row_gemm_tile(expert, pid_n, row0, rows, row_ok, a1_ptr, b1_ptr, a2_ptr, b2_ptr, order_ptr, out_ptr, a1s_ptr,
+                   b1s_ptr, a2s_ptr, b2s_ptr, dst_offset_ptr, arrived_ptr, expected_ptr, KD, ND, stride_be, stride_bk,
+                   stride_bn,
+                   TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr,
+                   SORTED_OUT: tl.constexpr, PEER_OUT: tl.constexpr, WAIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr):
+    """One work item of the tile schedule (`schedule.row_tile`): its rows times its expert's weight, stored."""
     if WAIT:  # expert parallelism, symmetric memory: this expert's A rows (dgrad's dout) may still be landing
         wait_for_expert_rows(arrived_ptr, expected_ptr, expert, INTERPRET)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -135,6 +168,9 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, cfg.block_n),)
     if grid[0] == 0:
         return out
+    persistent = cfg.persistent > 0 and peers is None and arrivals is None  # (TileConfig.persistent: why not EP)
+    if persistent:
+        grid = (min(grid[0], cfg.persistent * multiprocessors(a1.device)),)
     if fp8:
         assert b_trans and cfg.block_k == 128 and 128 % cfg.block_n == 0, \
             "block FP8 takes K-major weights, 128-wide K blocks and weight tiles inside one 128-column block"
@@ -160,11 +196,11 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         a1, b1, a2, b2,
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *scales,
         peers.offsets if peers is not None else None, *(arrivals if arrivals is not None else (None, None)), kd, nd,
-        *b_strides,
+        plan.layout.num_tiles, *b_strides,
         TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize, SORTED_OUT=sorted_out,
         PEER_OUT=peers is not None, WAIT=arrivals is not None,
         BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        FP8=fp8,
+        FP8=fp8, PERSISTENT=persistent,
         INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -11,7 +11,7 @@ import triton
 
 @triton.jit
 def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl.constexpr,
-             SUB_TILES: tl.constexpr = 1, GROUP_M: tl.constexpr = 1):
+             SUB_TILES: tl.constexpr = 1, GROUP_M: tl.constexpr = 1, num_pids=None):
     """The work of program `pid` in a row-tiled kernel: (expert, N-tile, first sorted row, sorted rows,
     row mask).
 
@@ -24,13 +24,16 @@ def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl
     GROUP_M row programs down each N column before moving right: a weight tile is read once per group,
     the group's rows stay in L2. Programs compute the same tiles in either order (bitwise the same).
     expert < 0 marks nothing to do: a tile past the real count (the grid is sized at the host-known
-    bound) or a part past its expert's last row; the caller returns at once.
+    bound) or a part past its expert's last row; the caller returns at once. `num_pids`: how many
+    program ids there are (a persistent kernel's tile count; default the grid's size).
     """
     if GROUP_M == 1:
         pid_m = pid // num_n
         pid_n = pid % num_n
     else:
-        num_m = tl.num_programs(0) // num_n
+        if num_pids is None:
+            num_pids = tl.num_programs(0)
+        num_m = num_pids // num_n
         width = GROUP_M * num_n
         first_m = (pid // width) * GROUP_M
         group_size = tl.minimum(num_m - first_m, GROUP_M)
@@ -44,6 +47,18 @@ def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl
         expert = tl.where(row_start < row_end, expert, -1)
     rows = row_start + tl.arange(0, BLOCK_M)
     return expert, pid_n, row_start, rows, rows < row_end
+
+
+@triton.jit
+def real_tile_count(tile_expert_ptr, num_tiles, CHUNK: tl.constexpr = 1024):
+    """How many of the plan's `num_tiles` (its host-known bound) tiles are real: the tiles with an
+    expert (>= 0) are a prefix of the schedule. A persistent kernel counts them on the device (a few
+    1024-wide loads) so its programs never walk the empty tail."""
+    count = 0
+    for start in range(0, num_tiles, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        count += tl.sum((tl.load(tile_expert_ptr + offs, mask=offs < num_tiles, other=-1) >= 0).to(tl.int32))
+    return count
 
 
 @triton.jit

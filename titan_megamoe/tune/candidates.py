@@ -70,6 +70,15 @@ CANDIDATES["wgrad_w13"] = CANDIDATES["wgrad_w2"] + _SORTED_COPY + _SORTED_COPY_H
 CANDIDATES["wgrad_w2"] = (CANDIDATES["wgrad_w2"] + _SORTED_COPY + _SORTED_COPY_WIDE + _SORTED_COPY_HALF
                           + [C(64, 256, 64, 4, 3, **SC)])
 
+# persistent (TileConfig.persistent): the grouped GEMM's usual winners as resident programs walking the
+# tile schedule, as many per multiprocessor as fit (128-row bf16 tiles: one, by shared memory)
+P1 = dict(tma=True, persistent=1)
+_PERSISTENT = {"gemm2": [C(M, 256, 64, 8, 3, **P1), C(M, 128, 64, 8, 4, **P1), C(M, 256, 64, 8, 3, group_m=8, **P1)],
+               "dx": [C(M, 256, 32, 8, 4, **P1), C(M, 256, 64, 8, 3, **P1), C(M, 256, 64, 8, 3, group_m=16, **P1)],
+               "dgrad_swiglu": [C(M, 256, 64, 8, 3, **SPLIT, **P1), C(M, 128, 64, 8, 4, **SPLIT, **P1)]}
+for _kernel, _configs in _PERSISTENT.items():
+    CANDIDATES[_kernel] = CANDIDATES[_kernel] + _configs
+
 # block FP8: BLOCK_K is one 128-wide scale block. The block-scaled main loop waits for each K block's MMA
 # before scaling it into the accumulator, so a program's tensor cores idle during that step; programs of
 # one warpgroup (64 rows, 4 warps) hold half the registers, and several of them per multiprocessor cover
@@ -81,6 +90,10 @@ _FP8_ROWS = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F,
              C(M, 128, F, 8, 4, **T_)]
 _FP8_WGRAD = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F, 4, 5, **T_), C(64, 256, F, 8, 3, **T_),
               C(128, 128, F, 8, 3, **T_), C(128, 128, F, 8, 4, **T_)]
+# persistent: 64-row, 4-warp programs hold ~210 registers and ~106 KB of shared memory at 4 stages in
+# the sm_90 compile (Triton 3.6), so two fit on a multiprocessor
+_FP8_PERSISTENT = [C(64, 128, F, 4, 4, tma=True, persistent=2), C(64, 128, F, 4, 3, tma=True, persistent=2),
+                   C(M, 128, F, 8, 3, tma=True, persistent=1)]
 CANDIDATES_FP8 = {
     "gemm1_swiglu": [C(64, 64, F, 4, 3, **T_), C(64, 64, F, 4, 4, **T_), C(64, 64, F, 4, 5, **T_),
                      C(M, 64, F, 8, 3, **T_), C(M, 64, F, 8, 4, **T_)],
@@ -88,9 +101,9 @@ CANDIDATES_FP8 = {
     # (TaskIdPropagation.cpp, docs/results/tune_logs/2026-12-04_fp8_tune_2048x768_a.log): 128 rows only
     # (the Gluon kernels, `TileConfig.gluon`, are not candidates: bitwise right and slower on an H100,
     # docs/kernels.md "More Gluon")
-    "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)],
-    "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS],
-    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)],
+    "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT,
+    "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT],
+    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT,
     "wgrad_w2": _FP8_WGRAD,
     "wgrad_w13": _FP8_WGRAD,
 }
