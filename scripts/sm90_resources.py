@@ -214,7 +214,8 @@ def shipped_fp8_rows(dim: int, hidden: int) -> dict:
     def cfg(kernel):
         c = tile_config(kernel, dim, hidden, "fp8")
         assert c.tma, f"{kernel}: the shipped FP8 config reads through TMA, which these signatures assume"
-        return dict(block_m=c.block_m, num_warps=c.num_warps, num_stages=c.num_stages, group_m=c.group_m), c
+        return dict(block_m=c.block_m, num_warps=c.num_warps, num_stages=c.num_stages, group_m=c.group_m,
+                    **({"persistent": c.persistent > 0} if kernel != "gemm1_swiglu" else {})), c
 
     out = {}
     kw, c = cfg("gemm1_swiglu")

@@ -78,12 +78,14 @@ ROW_BLOCK_M = 128
 # on the H200 (split dgrad and TMA gemm2/dx also won at 235B-A22B's; TMA falls back to pointer loads where
 # a tensor does not allow it). Weight gradients: dW2 over the gathered dout (128x256 tiles, s*h through
 # TMA); dW1/dW3 from a sorted copy of x, in one-warpgroup programs, two per multiprocessor (1.80 against
-# 1.97 ms for the gathered x at 30B-A3B; tune_wgrad_sorted_copy_20261204T1528.json)
+# 1.97 ms for the gathered x at 30B-A3B; tune_wgrad_sorted_copy_20261204T1528.json). GEMM2 and dx as
+# persistent programs (TileConfig.persistent): 0.710 against 0.772 ms and 1.505 against 1.543 ms at 30B-A3B on
+# an H100 (tune_2048x768_20261205T172936.json)
 _GPU_DEFAULTS = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 3),
-    "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True),
+    "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, persistent=1),
     "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, 32, 8, 4, split=True),
-    "dx": TileConfig(ROW_BLOCK_M, 256, 32, 8, 4, tma=True),
+    "dx": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, persistent=1),
     "wgrad_w2": TileConfig(128, 256, 32, 8, 5, tma=True),
     "wgrad_w13": TileConfig(64, 128, 32, 4, 5, tma=True, sorted_copy=True),
 }
