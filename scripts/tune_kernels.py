@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import time
+from dataclasses import fields
 
 import torch
 import triton
@@ -89,9 +90,9 @@ def main():
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
                     help="the kernels' operand precision (fp8: block FP8, its own candidates and table entries)")
     ap.add_argument("--write", action="store_true", help="merge the winners into tuned_configs.json")
-    ap.add_argument("--persistent-only", action="store_true",
-                    help="time only the config in use at this shape (table or default) and the persistent candidates "
-                         "(TileConfig.persistent): the before/after of the persistent grouped GEMM, in one process")
+    ap.add_argument("--only-fields", nargs="+", metavar="FIELD", choices=[f.name for f in fields(TileConfig)],
+                    help="time only the config in use at this shape (table or default) and the candidates that set one "
+                         "of these TileConfig fields (e.g. persistent): a variant's before/after in one process")
     ap.add_argument("--merge", nargs="+", metavar="RUN_JSON",
                     help="no GPU work: rebuild table entries from recorded runs (docs/results/tune_*.json)")
     a = ap.parse_args()
@@ -114,8 +115,9 @@ def main():
         results = []
         first_outs = None
         todo = candidates[kernel]
-        if a.persistent_only:
-            todo = [configs.tile_config(kernel, D, H, a.precision)] + [c for c in todo if c.persistent]
+        if a.only_fields:
+            todo = [configs.tile_config(kernel, D, H, a.precision)] + [
+                c for c in todo if any(getattr(c, f) for f in a.only_fields)]
         for cfg in todo:
             cand = cfg.to_record()
             t0 = time.time()

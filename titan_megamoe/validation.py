@@ -191,7 +191,8 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only
     for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
     block-FP8 GEMM1, GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
-    it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM)."""
+    it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM),
+    weight_tma only for dgrad's own kernel."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 
@@ -217,6 +218,9 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
         raise ValueError(f"{kernel}: persistent (resident programs per multiprocessor) must be an integer >= 0, "
                          f"and above 0 only for {', '.join(PERSISTENT_KERNELS)} (dgrad_swiglu with split), without "
                          f"warp_specialize or gluon; got {cfg}")
+    if cfg.weight_tma and (kernel != "dgrad_swiglu" or cfg.tma):
+        raise ValueError(f"{kernel}: weight_tma applies to dgrad_swiglu without tma only (tma there copies dout's "
+                         f"rows into sorted order and runs the grouped GEMM, whose operands are all TMA); got {cfg}")
     if cfg.gluon:
         if kernel not in GLUON_KERNELS or precision not in (None, "fp8"):
             raise ValueError(f"{kernel}: gluon applies to block FP8 {', '.join(GLUON_KERNELS)} only"

@@ -52,6 +52,9 @@ class TileConfig:
     # launches (stores to peers, waits for arriving rows) take the one-program-per-tile kernel: same tiles,
     # same per-tile math, bitwise the same result
     persistent: int = 0
+    # dgrad_swiglu's own kernel (tma off, so dout is not copied into sorted order first): W2's tiles through TMA
+    # descriptors while dout stays gathered by pointer, GEMM1's arrangement for its x and weights
+    weight_tma: bool = False
 
     @classmethod
     def from_record(cls, raw: "list | dict") -> "TileConfig":

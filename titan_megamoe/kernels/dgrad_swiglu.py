@@ -42,6 +42,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
@@ -90,7 +91,8 @@ def _dgrad_swiglu_kernel(
     D, H, rows_per_token,
     stride_dt, stride_we, stride_wk, stride_wn,
     BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STORE_Q: tl.constexpr, WAIT: tl.constexpr, INTERPRET: tl.constexpr,
+    STORE_Q: tl.constexpr, WAIT: tl.constexpr, INTERPRET: tl.constexpr, W_TMA: tl.constexpr = False,
+    w2_next_ptr=None,  # W_TMA: w2_ptr and this are TMA descriptors over W2 [E*D, H], this one from column BLOCK_N on
 ):
     # each program covers 2*BLOCK_N columns of H with two accumulators sharing every gathered dout tile
     # (like GEMM1's gate/up pair): half the A-operand traffic per MMA of a single-accumulator tile
@@ -112,9 +114,17 @@ def _dgrad_swiglu_kernel(
     b_off = expert.to(tl.int64) * stride_we + offs_k[:, None] * stride_wk + offs_n0[None, :] * stride_wn
     q0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     q1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    q0, q1 = row_mainloop(q0, q1, dout_ptr, a_off, row_ok, row0, w2_ptr, w2_ptr + BLOCK_N * stride_wn, b_off, n0_ok,
-                          n1_ok, 0, 0, D, stride_wk, A_TMA=False, B_TMA=False, B_TRANS=False, TWO_B=True, WS=False,
-                          BLOCK_K=BLOCK_K, INTERPRET=INTERPRET)
+    if W_TMA:
+        # W2's two column blocks at the same coordinates of two descriptors (the second starts BLOCK_N columns
+        # in; its columns past H, like the first's, are TMA's zero fill); D % BLOCK_K == 0 (the launcher
+        # checks), so no K step reads the next expert's rows. dout stays gathered by pointer, as GEMM1's x
+        q0, q1 = row_mainloop(q0, q1, dout_ptr, a_off, row_ok, row0, w2_ptr, w2_next_ptr, b_off, n0_ok, n1_ok,
+                              expert * D, pid_n * 2 * BLOCK_N, D, stride_wk, A_TMA=False, B_TMA=True, B_TRANS=False,
+                              TWO_B=True, WS=False, BLOCK_K=BLOCK_K, INTERPRET=INTERPRET)
+    else:
+        q0, q1 = row_mainloop(q0, q1, dout_ptr, a_off, row_ok, row0, w2_ptr, w2_ptr + BLOCK_N * stride_wn, b_off,
+                              n0_ok, n1_ok, 0, 0, D, stride_wk, A_TMA=False, B_TMA=False, B_TRANS=False, TWO_B=True,
+                              WS=False, BLOCK_K=BLOCK_K, INTERPRET=INTERPRET)
 
     if STORE_Q:  # split mode: q (bf16, sorted rows) goes to dg's buffer; _dswiglu_rows_kernel does the rest
         store_sorted(dg_ptr, q0, rows, row_ok, offs_n0, n0_ok, H, INTERPRET)
@@ -286,15 +296,22 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
         dg, du, hs = (new_output((N, H), g_NH.dtype, g_NH.device) for _ in range(3))
     sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
     grid = (plan.layout.num_tiles * sub_tiles * num_n,)
+    # TileConfig.weight_tma: W2's tiles through TMA (the second column block needs a column past BLOCK_N)
+    w_tma = cfg.weight_tma and D % cfg.block_k == 0 and H > cfg.block_n and tma_ok(w2_EDH)
+    w2, w2_next = w2_EDH, None
+    if w_tma:
+        w2_matrix = w2_EDH.reshape(-1, H)
+        w2 = TensorDescriptor.from_tensor(w2_matrix, [cfg.block_k, cfg.block_n])
+        w2_next = TensorDescriptor.from_tensor(w2_matrix[:, cfg.block_n:], [cfg.block_k, cfg.block_n])
     if grid[0] > 0 and not gathered_first:
         launch(
             _dgrad_swiglu_kernel, grid,
-            dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
+            dout_RD, w2, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
             dg, du, hs, ds_part, *(arrivals if arrivals is not None else (None, None)), D, H, plan.rows_per_token,
             dout_RD.stride(0), w2_EDH.stride(0), w2_EDH.stride(1), 1,
             BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             STORE_Q=cfg.split, WAIT=arrivals is not None,
-            INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            INTERPRET=INTERPRET, W_TMA=w_tma, w2_next_ptr=w2_next, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if cfg.split and N > 0:
         # q sits in dg's buffer; every element of dg is read as q before the same program overwrites it

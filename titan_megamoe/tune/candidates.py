@@ -78,6 +78,10 @@ _PERSISTENT = {"gemm2": [C(M, 256, 64, 8, 3, **P1), C(M, 128, 64, 8, 4, **P1), C
                "dgrad_swiglu": [C(M, 256, 64, 8, 3, **SPLIT, **P1), C(M, 128, 64, 8, 4, **SPLIT, **P1)]}
 for _kernel, _configs in _PERSISTENT.items():
     CANDIDATES[_kernel] = CANDIDATES[_kernel] + _configs
+# dgrad's own kernel with W2 through TMA and dout gathered by pointer (weight_tma: GEMM1's arrangement)
+WT = dict(split=True, weight_tma=True)
+CANDIDATES["dgrad_swiglu"] += [C(M, 128, 64, 8, 4, **WT), C(M, 128, 32, 8, 4, **WT), C(M, 128, 64, 8, 3, **WT),
+                               C(M, 128, 64, 8, 4, group_m=8, **WT)]
 
 # block FP8: BLOCK_K is one 128-wide scale block. The block-scaled main loop waits for each K block's MMA
 # before scaling it into the accumulator, so a program's tensor cores idle during that step; programs of
