@@ -83,11 +83,12 @@ ROW_BLOCK_M = 128
 # TMA); dW1/dW3 from a sorted copy of x, in one-warpgroup programs, two per multiprocessor (1.80 against
 # 1.97 ms for the gathered x at 30B-A3B; tune_wgrad_sorted_copy_20261204T1528.json). GEMM2 and dx as
 # persistent programs (TileConfig.persistent): 0.710 against 0.772 ms and 1.505 against 1.543 ms at 30B-A3B on
-# an H100 (tune_2048x768_20261205T172936.json)
+# an H100 (tune_2048x768_20261205T172936.json); dgrad's W2 through TMA (weight_tma): 1.108 against 1.180 ms
+# (tune_2048x768_20261205T175258.json)
 _GPU_DEFAULTS = {
     "gemm1_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 3),
     "gemm2": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, persistent=1),
-    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, 32, 8, 4, split=True),
+    "dgrad_swiglu": TileConfig(ROW_BLOCK_M, 128, 64, 8, 4, split=True, weight_tma=True),
     "dx": TileConfig(ROW_BLOCK_M, 256, 64, 8, 3, tma=True, persistent=1),
     "wgrad_w2": TileConfig(128, 256, 32, 8, 5, tma=True),
     "wgrad_w13": TileConfig(64, 128, 32, 4, 5, tma=True, sorted_copy=True),
