@@ -53,7 +53,8 @@ class TileConfig:
     # same per-tile math, bitwise the same result
     persistent: int = 0
     # dgrad_swiglu's own kernel (tma off, so dout is not copied into sorted order first): W2's tiles through TMA
-    # descriptors while dout stays gathered by pointer, GEMM1's arrangement for its x and weights
+    # descriptors while dout stays gathered by pointer, GEMM1's arrangement for its x and weights (where TMA
+    # cannot cover W2, or H fits one column block, the same kernel loads it by pointer: the same result)
     weight_tma: bool = False
 
     @classmethod

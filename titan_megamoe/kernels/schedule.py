@@ -24,7 +24,8 @@ def row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: tl
     GROUP_M row programs down each N column before moving right: a weight tile is read once per group,
     the group's rows stay in L2. Programs compute the same tiles in either order (bitwise the same).
     expert < 0 marks nothing to do: a tile past the real count (the grid is sized at the host-known
-    bound) or a part past its expert's last row; the caller returns at once. `num_pids`: how many
+    bound) or a part past its expert's last row; the caller returns at once (a persistent caller runs a
+    part masked instead: its rows are all out of range). `num_pids`: how many
     program ids there are (a persistent kernel's tile count; default the grid's size).
     """
     if GROUP_M == 1:
