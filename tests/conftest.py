@@ -7,7 +7,20 @@ for the whole session. With a GPU the kernels are compiled and run on it as usua
 
 import os
 
-import torch
+# CPU threads per pytest-xdist worker: the cores shared out among the workers, for the worker itself and
+# for the processes it starts (TorchTitan runs, EP ranks, child interpreters). Set before torch (and
+# numpy's BLAS) load. CI runs 2 workers on 2 cores: with torch's default of a thread per core each OpenMP
+# region spun on a core the other worker needed (a 1-rank training run took 21 s of CPU beside another,
+# 9 s with 1 thread, the same losses to the last digit). A run without xdist keeps the defaults; an
+# OMP_NUM_THREADS already set wins.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
+import torch  # noqa: E402
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

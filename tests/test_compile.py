@@ -1,6 +1,8 @@
 """The fused op under torch.compile(fullgraph=True): traced through its fake implementation and
 registered autograd, with results bitwise equal to eager (kernels in Triton's interpreter on CPU)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -23,22 +25,35 @@ def test_fullgraph_compile_matches_eager(compile_backend):
         assert torch.equal(got[key], want[key]), key
 
 
+def _fp8_case():
+    """The FP8 compile tests' case and upstream gradient (the same for both precisions)."""
+    case = make_case(9, 128, 128, 3, 2, "random", seed=2, device="cuda" if torch.cuda.is_available() else "cpu")
+    dout = torch.randn(case.x.shape, generator=torch.Generator().manual_seed(3)).to(case.x)
+    return case, dout
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_eager_of_the_fp8_case():
+    """The eager bf16 op on that case: the same inputs for both precisions, so computed once (in the
+    interpreter on CPU it costs as much as an FP8 call)."""
+    return forward_backward(_moe, *_fp8_case())
+
+
 @pytest.mark.parametrize("precision", ["fp8", "fp8_bwd"])
 def test_fullgraph_compile_block_fp8_matches_eager(precision):
     """The FP8 residuals (their shapes and dtypes come from the recipe in the fake implementation) trace,
     and the compiled op runs the same FP8 kernels as eager: bitwise equal results."""
-    case = make_case(9, 128, 128, 3, 2, "random", seed=2, device="cuda" if torch.cuda.is_available() else "cpu")
+    case, dout = _fp8_case()
 
     def fp8_moe(x, ids, s, w1, w2, w3):
         return titan_megamoe.moe(x, ids, s, w1, w2, w3, backend="triton", precision=precision)
 
     torch._dynamo.reset()
     compiled = torch.compile(fp8_moe, fullgraph=True, backend="aot_eager")
-    dout = torch.randn_like(case.x)
     got, want = forward_backward(compiled, case, dout), forward_backward(fp8_moe, case, dout)
     for key in want:
         assert torch.equal(got[key], want[key]), key
-    bf16 = forward_backward(_moe, case, dout)
+    bf16 = _bf16_eager_of_the_fp8_case()
     assert not torch.equal(got["dw1"], bf16["dw1"]), "fp8 gradients equal bf16's"
 
 

@@ -53,7 +53,8 @@ def test_tune_stops_at_its_budget_and_says_how_to_continue(tmp_path):
 
 
 def test_oracle_check_rejects_a_wrong_kernel(monkeypatch):
-    check = LayerCheck(128, 128, 4, 2, "bf16", DEVICE)
+    # bf16 at D = H = 64 (a quarter of the interpreter's GEMM programs at 128): the check is shape-blind
+    check = LayerCheck(64, 64, 4, 2, "bf16", DEVICE)
     ok, _ = check()
     assert ok <= FACTOR
     from titan_megamoe.kernels import grouped_gemm
