@@ -35,11 +35,15 @@ def _emulated(precision):
     return lambda *a: titan_megamoe.moe(*a, precision=precision, backend="reference")
 
 
+def _runs(case, dout, precision):
+    """(float64 oracle, emulation, fused kernels) forward+backward of one case."""
+    ref64 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.float64), case, dout, torch.float64)
+    return ref64, forward_backward(_emulated(precision), case, dout), forward_backward(_fused(precision), case, dout)
+
+
 def _check(case, precision, T, D, factor=2.0):
     dout = torch.randn(T, D, device=DEVICE, dtype=torch.bfloat16)
-    ref64 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.float64), case, dout, torch.float64)
-    emulated = forward_backward(_emulated(precision), case, dout)
-    got = forward_backward(_fused(precision), case, dout)
+    ref64, emulated, got = _runs(case, dout, precision)
     report = assert_flash_rule(got, ref64, emulated, factor)
     return got, emulated, ref64, report
 
@@ -62,9 +66,7 @@ def _case_results(T, D, H, E, K, routing, precision):
     torch.manual_seed(T + E)
     case = make_case(T, D, H, E, K, routing, device=DEVICE, seed=T + E)
     dout = torch.randn(T, D, device=DEVICE, dtype=torch.bfloat16)
-    ref64 = forward_backward(lambda *a: moe_reference(*a, compute_dtype=torch.float64), case, dout, torch.float64)
-    emulated = forward_backward(_emulated(precision), case, dout)
-    return case, dout, ref64, emulated, forward_backward(_fused(precision), case, dout)
+    return (case, dout, *_runs(case, dout, precision))
 
 
 @pytest.mark.parametrize("precision", ["fp8", "fp8_bwd"])
