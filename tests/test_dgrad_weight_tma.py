@@ -13,7 +13,7 @@ import torch
 
 from moe_cases import make_ids
 from titan_megamoe.kernels import configs, dgrad_swiglu as dgrad_module
-from titan_megamoe.kernels.configs import override_tile_config
+from titan_megamoe.kernels.configs import TileConfig, override_tile_config
 from titan_megamoe.kernels.routing_meta import build_routing_plan
 
 GPU = torch.cuda.is_available()
@@ -72,3 +72,14 @@ def test_weight_tma_is_bitwise_pointer_loads_interpreter():
 ])
 def test_weight_tma_is_bitwise_pointer_loads_gpu(T, D, H, E, K, routing):
     _check(T, D, H, E, K, routing, split_modes=(True,))
+
+
+@pytest.mark.parametrize("kernel,cfg", [
+    ("gemm1_swiglu", TileConfig(128, 128, 64, 8, 3, weight_tma=True)),
+    # with tma dgrad copies dout into sorted order and runs the grouped GEMM: all its operands are TMA already
+    ("dgrad_swiglu", TileConfig(128, 128, 64, 8, 3, split=True, tma=True, weight_tma=True)),
+])
+def test_weight_tma_config_errors_name_the_rule(kernel, cfg):
+    with pytest.raises(ValueError, match="weight_tma applies to dgrad_swiglu without tma only"):
+        with override_tile_config(kernel, cfg):
+            pass

@@ -14,6 +14,7 @@ import torch
 
 from moe_cases import make_ids
 from titan_megamoe.kernels import configs, grouped_gemm
+from titan_megamoe.kernels.configs import TileConfig, override_tile_config
 from titan_megamoe.kernels.grouped_gemm import expert_down_proj, expert_h_grad, expert_input_grad
 from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
 from titan_megamoe.kernels.routing_meta import build_routing_plan
@@ -105,3 +106,19 @@ def test_persistent_is_bitwise_one_program_per_tile_interpreter(precision, shape
 ])
 def test_persistent_is_bitwise_one_program_per_tile_gpu(precision, shape, routing, group_ms):
     _check_bitwise(precision, shape, routing, persistent=2, group_ms=group_ms)
+
+
+@pytest.mark.parametrize("kernel,cfg,message", [
+    ("gemm1_swiglu", TileConfig(128, 128, 64, 8, 3, persistent=1), "only for gemm2, dx, dgrad_swiglu"),
+    ("wgrad_w2", TileConfig(128, 128, 64, 8, 3, persistent=1), "only for gemm2, dx, dgrad_swiglu"),
+    # dgrad's own kernel (no split, or split without tma) is never persistent: a silent no-op otherwise
+    ("dgrad_swiglu", TileConfig(128, 128, 64, 8, 3, split=True, persistent=1), "with split and tma"),
+    ("dgrad_swiglu", TileConfig(128, 128, 64, 8, 3, tma=True, persistent=1), "with split and tma"),
+    ("gemm2", TileConfig(128, 256, 64, 8, 3, tma=True, warp_specialize=True, persistent=1), "without warp_specialize"),
+    ("gemm2", TileConfig(128, 256, 64, 8, 3, tma=True, persistent=-1), "integer >= 0"),
+    ("gemm2", TileConfig(128, 256, 64, 8, 3, tma=True, persistent=True), "integer >= 0"),
+])
+def test_persistent_config_errors_name_the_rule(kernel, cfg, message):
+    with pytest.raises(ValueError, match=message):
+        with override_tile_config(kernel, cfg):
+            pass

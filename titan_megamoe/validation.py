@@ -214,10 +214,11 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     persistent = cfg.persistent
     if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0 or (persistent and (
             kernel not in PERSISTENT_KERNELS or cfg.warp_specialize or cfg.gluon
-            or (kernel == "dgrad_swiglu" and not cfg.split))):
+            or (kernel == "dgrad_swiglu" and not (cfg.split and cfg.tma)))):
+        # (dgrad's GEMM is the grouped GEMM only with split and tma; otherwise its own kernel, never persistent)
         raise ValueError(f"{kernel}: persistent (resident programs per multiprocessor) must be an integer >= 0, "
-                         f"and above 0 only for {', '.join(PERSISTENT_KERNELS)} (dgrad_swiglu with split), without "
-                         f"warp_specialize or gluon; got {cfg}")
+                         f"and above 0 only for {', '.join(PERSISTENT_KERNELS)} (dgrad_swiglu with split and tma), "
+                         f"without warp_specialize or gluon; got {cfg}")
     if cfg.weight_tma and (kernel != "dgrad_swiglu" or cfg.tma):
         raise ValueError(f"{kernel}: weight_tma applies to dgrad_swiglu without tma only (tma there copies dout's "
                          f"rows into sorted order and runs the grouped GEMM, whose operands are all TMA); got {cfg}")
