@@ -1,5 +1,5 @@
-"""TileConfig.persistent: GEMM2, dx and dgrad's GEMM as resident programs that walk the tile schedule in
-one loop Triton flattens with the K loop (kernels/grouped_gemm.py). Same tiles, same per-tile math: the
+"""TileConfig.persistent: GEMM2, dx and dgrad's GEMM as resident programs that walk the tile schedule
+(kernels/grouped_gemm.py; with one operand pair the loop is flattened with the K loop). Same tiles, same per-tile math: the
 outputs must be bitwise those of one program per tile, bf16 and block FP8, with a grid far smaller than
 the tile count (the interpreter's: 2 "multiprocessors"), grouped row order, 64-row parts whose second half
 of an expert's last tile is empty, empty experts and one hot expert. The CPU runs the kernels in Triton's

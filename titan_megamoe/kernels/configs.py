@@ -47,8 +47,9 @@ class TileConfig:
     # through TMA, so tma too)
     gluon: bool = False
     # gemm2, dx and dgrad's GEMM (with split and tma: then it is the grouped GEMM's): resident programs per
-    # multiprocessor, each walking the tile schedule in a loop Triton flattens with the K loop (grouped_gemm:
-    # the next tile's loads overlap this tile's epilogue); 0: one program per tile. Expert parallelism's
+    # multiprocessor, each walking the tile schedule (grouped_gemm: with one operand pair Triton flattens that
+    # loop with the K loop, so the next tile's loads overlap this tile's epilogue; dx's two K loops stay
+    # nested); 0: one program per tile. Expert parallelism's
     # symmetric-memory launches (stores to peers, waits for arriving rows) take the one-program-per-tile
     # kernel: same tiles, same per-tile math, bitwise the same result
     persistent: int = 0

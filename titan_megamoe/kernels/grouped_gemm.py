@@ -60,12 +60,14 @@ def _grouped_gemm_kernel(
     num_n = tl.cdiv(ND, BLOCK_N)
     if PERSISTENT:
         # resident programs, each walking work items pid, pid + grid, ... of the real tiles (counted here,
-        # no host sync) in one loop that Triton flattens with the K loop: the software pipeline then loads
-        # the next item's first K blocks while this one's epilogue stores, instead of a pipeline fill and
-        # drain per tile (GEMM2's and dx's reductions are short: 6-12 K steps at Qwen3 shapes). Flattening
-        # needs the main loop outside any branch, so a part past its expert's rows (block_m 64: the second
-        # half of an expert's last plan tile) runs masked instead of returning (its loads and MMAs are
-        # wasted: at most one part per expert)
+        # no host sync). With one operand pair (GEMM2, dgrad's q) Triton flattens this loop with the K loop:
+        # the software pipeline then loads the next item's first K blocks while this one's epilogue stores,
+        # instead of a pipeline fill and drain per tile (GEMM2's reduction is short: 6-12 K steps at Qwen3
+        # shapes). dx's two K loops per item are not flattened (Triton 3.6 fuses a loop nest only with a
+        # single inner loop; sm_90 compile): there it is a plain tile loop. Flattening needs the main loop
+        # outside any branch, so a part past its expert's rows (block_m 64: the second half of an expert's
+        # last plan tile) runs masked instead of returning (its loads and MMAs are wasted: at most one part
+        # per expert)
         num_pids = real_tile_count(tile_expert_ptr, num_tiles) * SUB_TILES * num_n
         for pid in tl.range(tl.program_id(0), num_pids, tl.num_programs(0), flatten=True):
             expert, pid_n, row0, rows, row_ok = row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
