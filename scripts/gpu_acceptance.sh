@@ -24,7 +24,7 @@ stage() {  # name, time limit (s), command...
 gpu_tests() {
   local rc=0
   for files in "tests/test_gpu_kernels.py tests/test_fp8_rows_gluon.py" \
-      "tests/test_tune.py tests/test_op_api.py tests/test_kernel_wgrad.py tests/test_routing.py tests/test_router.py tests/test_peer_rows.py tests/test_launch.py tests/test_persistent_rows.py tests/test_dgrad_weight_tma.py" \
+      "tests/test_tune.py tests/test_op_api.py tests/test_kernel_wgrad.py tests/test_routing.py tests/test_router.py tests/test_peer_rows.py tests/test_launch.py tests/test_persistent_rows.py tests/test_dgrad_weight_tma.py tests/test_dx_pairs_one_loop.py" \
       "tests/test_fp8_kernels.py tests/test_quant_kernels.py tests/test_wgrad_fp8.py tests/test_eager_path.py tests/test_fp8_dswiglu_split.py"; do
     # shellcheck disable=SC2086
     python3 -m pytest -v -p no:cacheprovider --tb=short -rfs $files ${TESTS_K:+-k "$TESTS_K"} &

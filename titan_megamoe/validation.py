@@ -192,7 +192,7 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
     block-FP8 GEMM1, GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
     it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM),
-    weight_tma only for dgrad's own kernel."""
+    weight_tma only for dgrad's own kernel, pairs_in_one_loop only for dx with tma."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 
@@ -219,6 +219,11 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
         raise ValueError(f"{kernel}: persistent (resident programs per multiprocessor) must be an integer >= 0, "
                          f"and above 0 only for {', '.join(PERSISTENT_KERNELS)} (dgrad_swiglu with split and tma), "
                          f"without warp_specialize or gluon; got {cfg}")
+    if cfg.pairs_in_one_loop and (kernel != "dx" or not cfg.tma or cfg.warp_specialize or cfg.gluon
+                                  or cfg.block_n > 128):
+        # bf16 keeps a second accumulator for the second pair (mainloop.pair_mainloop): 128 columns at most
+        raise ValueError(f"{kernel}: pairs_in_one_loop applies to dx with tma only (its two operand pairs through "
+                         f"TMA in one K loop), block_n <= 128, without warp_specialize or gluon; got {cfg}")
     if cfg.weight_tma and (kernel != "dgrad_swiglu" or cfg.tma):
         raise ValueError(f"{kernel}: weight_tma applies to dgrad_swiglu without tma only (tma there copies dout's "
                          f"rows into sorted order and runs the grouped GEMM, whose operands are all TMA); got {cfg}")

@@ -57,6 +57,10 @@ class TileConfig:
     # descriptors while dout stays gathered by pointer, GEMM1's arrangement for its x and weights (where TMA
     # cannot cover W2, or H fits one column block, the same kernel loads it by pointer: the same result)
     weight_tma: bool = False
+    # dx only, with tma: both operand pairs (dg W1, du W3) in one K loop, four tiles per pipeline stage, so a
+    # persistent dx's tile loop flattens with it (mainloop.pair_mainloop); the sums in another order than the
+    # two-pass loop's (not bitwise equal to it)
+    pairs_in_one_loop: bool = False
 
     @classmethod
     def from_record(cls, raw: "list | dict") -> "TileConfig":

@@ -4,7 +4,8 @@
 
 Serves three passes with the weight layout given by strides:
   forward GEMM2:  y_n  = h_p W2_e^T              (one pair; B = W2_e read transposed)
-  backward dx:    dx_n = dg_p W1_e + du_p W3_e   (two pairs sharing one accumulator)
+  backward dx:    dx_n = dg_p W1_e + du_p W3_e   (two pairs sharing one accumulator: two K loops, or one
+                                                 with `TileConfig.pairs_in_one_loop`)
   dgrad's GEMM:   q_p = dout_p W2_e             (stored in sorted order: `dgrad_swiglu` continues from it;
                                                  block FP8, and bf16 with its rows gathered first)
 
@@ -36,7 +37,7 @@ from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
 from .fp8_rows_gluon import fp8_row_gemm
-from .mainloop import row_mainloop
+from .mainloop import pair_mainloop, row_mainloop
 from .peer_rows import store_rows_to_peers, wait_for_expert_rows
 from .schedule import real_tile_count, row_tile
 
@@ -54,7 +55,7 @@ def _grouped_gemm_kernel(
     TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr, SORTED_OUT: tl.constexpr,
     PEER_OUT: tl.constexpr, WAIT: tl.constexpr,
     BLOCK_M: tl.constexpr, SUB_TILES: tl.constexpr, GROUP_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, FP8: tl.constexpr, PERSISTENT: tl.constexpr,
+    BLOCK_K: tl.constexpr, FP8: tl.constexpr, PERSISTENT: tl.constexpr, ONE_LOOP: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     num_n = tl.cdiv(ND, BLOCK_N)
@@ -64,7 +65,8 @@ def _grouped_gemm_kernel(
         # the software pipeline then loads the next item's first K blocks while this one's epilogue stores,
         # instead of a pipeline fill and drain per tile (GEMM2's reduction is short: 6-12 K steps at Qwen3
         # shapes). dx's two K loops per item are not flattened (Triton 3.6 fuses a loop nest only with a
-        # single inner loop; sm_90 compile): there it is a plain tile loop. Flattening needs the main loop
+        # single inner loop; sm_90 compile): there it is a plain tile loop, unless ONE_LOOP puts both pairs
+        # in one K loop (TileConfig.pairs_in_one_loop), which flattens. Flattening needs the main loop
         # outside any branch, so a part past its expert's rows (block_m 64: the second half of an expert's
         # last plan tile) runs masked instead of returning (its loads and MMAs are wasted: at most one part
         # per expert)
@@ -77,7 +79,7 @@ def _grouped_gemm_kernel(
                            a1_ptr, b1_ptr, a2_ptr, b2_ptr, order_ptr, out_ptr, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,
                            dst_offset_ptr, arrived_ptr, expected_ptr, KD, ND, stride_be, stride_bk, stride_bn,
                            TWO_PAIRS, TMA, B_TRANS, WS, SORTED_OUT, PEER_OUT, WAIT, BLOCK_M, BLOCK_N, BLOCK_K, FP8,
-                           INTERPRET)
+                           ONE_LOOP, INTERPRET)
     else:
         expert, pid_n, row0, rows, row_ok = row_tile(tl.program_id(0), num_n, tile_expert_ptr, tile_row_ptr,
                                                      offsets_ptr, BLOCK_M, SUB_TILES, GROUP_M)
@@ -86,7 +88,7 @@ def _grouped_gemm_kernel(
                            a1_ptr, b1_ptr, a2_ptr, b2_ptr, order_ptr, out_ptr, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,
                            dst_offset_ptr, arrived_ptr, expected_ptr, KD, ND, stride_be, stride_bk, stride_bn,
                            TWO_PAIRS, TMA, B_TRANS, WS, SORTED_OUT, PEER_OUT, WAIT, BLOCK_M, BLOCK_N, BLOCK_K, FP8,
-                           INTERPRET)
+                           ONE_LOOP, INTERPRET)
 
 
 @triton.jit
@@ -95,7 +97,8 @@ def _row_gemm_tile(expert, pid_n, row0, rows, row_ok, a1_ptr, b1_ptr, a2_ptr, b2
                    stride_bn,
                    TWO_PAIRS: tl.constexpr, TMA: tl.constexpr, B_TRANS: tl.constexpr, WS: tl.constexpr,
                    SORTED_OUT: tl.constexpr, PEER_OUT: tl.constexpr, WAIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr, INTERPRET: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP8: tl.constexpr, ONE_LOOP: tl.constexpr,
+                   INTERPRET: tl.constexpr):
     """One work item of the tile schedule (`schedule.row_tile`): its rows times its expert's weight, stored."""
     if WAIT:  # expert parallelism, symmetric memory: this expert's A rows (dgrad's dout) may still be landing
         wait_for_expert_rows(arrived_ptr, expected_ptr, expert, INTERPRET)
@@ -118,12 +121,18 @@ def _row_gemm_tile(expert, pid_n, row0, rows, row_ok, a1_ptr, b1_ptr, a2_ptr, b2
     a_scale_off = rows.to(tl.int64) * kb
     b_scale_off = (expert.to(tl.int64) * tl.cdiv(ND, BLOCK_K) + n0 // BLOCK_K) * kb  # the tile's 128x128 blocks
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc, _ = row_mainloop(acc, acc, a1_ptr, a_off, row_ok, row0, b1_ptr, b1_ptr, b_off, n_ok, n_ok, b_row, n0,
-                          KD, stride_bk, A_TMA=TMA, B_TMA=TMA, B_TRANS=B_TRANS, TWO_B=False, WS=WS,
-                          BLOCK_K=BLOCK_K, INTERPRET=INTERPRET, a_scale=a1s_ptr, a_scale_off=a_scale_off,
-                          b0_scale=b1s_ptr, b1_scale=b1s_ptr, b0_scale_off=b_scale_off, b1_scale_off=b_scale_off,
-                          SCALED=FP8)
-    if TWO_PAIRS:
+    if ONE_LOOP:  # both pairs in one K loop (TileConfig.pairs_in_one_loop: dx, operands through TMA)
+        acc = pair_mainloop(acc, a1_ptr, b1_ptr, a2_ptr, b2_ptr, row0, b_row, n0, KD, B_TRANS=B_TRANS,
+                            BLOCK_K=BLOCK_K, INTERPRET=INTERPRET, a1_scale=a1s_ptr, b1_scale=b1s_ptr,
+                            a2_scale=a2s_ptr, b2_scale=b2s_ptr, a_scale_off=a_scale_off, b_scale_off=b_scale_off,
+                            row_ok=row_ok, SCALED=FP8)
+    else:
+        acc, _ = row_mainloop(acc, acc, a1_ptr, a_off, row_ok, row0, b1_ptr, b1_ptr, b_off, n_ok, n_ok, b_row, n0,
+                              KD, stride_bk, A_TMA=TMA, B_TMA=TMA, B_TRANS=B_TRANS, TWO_B=False, WS=WS,
+                              BLOCK_K=BLOCK_K, INTERPRET=INTERPRET, a_scale=a1s_ptr, a_scale_off=a_scale_off,
+                              b0_scale=b1s_ptr, b1_scale=b1s_ptr, b0_scale_off=b_scale_off, b1_scale_off=b_scale_off,
+                              SCALED=FP8)
+    if TWO_PAIRS and not ONE_LOOP:
         # a second pass over K into the same accumulator, not interleaved with the first: an interleaved
         # loop would hold four operand tiles per pipeline stage and overflow shared memory
         acc, _ = row_mainloop(acc, acc, a2_ptr, a_off, row_ok, row0, b2_ptr, b2_ptr, b_off, n_ok, n_ok, b_row, n0,
@@ -178,6 +187,9 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
             "block FP8 takes K-major weights, 128-wide K blocks and weight tiles inside one 128-column block"
     operands = (a1, b1, a2, b2) if two_pairs else (a1, b1)
     use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(*operands)
+    # TileConfig.pairs_in_one_loop (dx): both operand pairs through TMA in one K loop; where TMA cannot cover
+    # the operands, two pointer-load passes (another summation order: not bitwise the same)
+    one_loop = cfg.pairs_in_one_loop and two_pairs and use_tma
     if cfg.gluon:
         if not fp8 or INTERPRET:
             raise ValueError(f"tile config {kernel_name}: gluon runs block FP8 on a GPU only (Triton's interpreter "
@@ -202,7 +214,7 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize, SORTED_OUT=sorted_out,
         PEER_OUT=peers is not None, WAIT=arrivals is not None,
         BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        FP8=fp8, PERSISTENT=persistent,
+        FP8=fp8, PERSISTENT=persistent, ONE_LOOP=one_loop,
         INTERPRET=INTERPRET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -10,6 +10,8 @@ reduction dimension (GEMM1 gate+up, GEMM2, dgrad, dx).
       `b_row`) or [k, n] (read at rows `b_row + k`, column `b_col`);
   TWO_B  a second weight block into a second accumulator, sharing every A tile (GEMM1's gate and up,
       dgrad's two column blocks). With TMA both blocks sit at the same coordinates of two descriptors.
+`pair_mainloop`: A1 B1 + A2 B2 over the whole reduction in one loop, both pairs through TMA (dx with
+`TileConfig.pairs_in_one_loop`).
 `varlen_mainloop`: A^T B over one expert's rows [lo, hi), the reduction of the weight gradients; either
 operand gathered by token through the plan's order or read in sorted order (optionally through TMA).
 
@@ -81,6 +83,42 @@ def row_mainloop(acc0, acc1, a_src, a_off, row_ok, a_row, b0_src, b1_src, b_off,
         a_off += BLOCK_K
         b_off += BLOCK_K * stride_bk
     return acc0, acc1
+
+
+@triton.jit
+def pair_mainloop(acc, a1_src, b1_src, a2_src, b2_src, a_row, b_row, b_col, KD, B_TRANS: tl.constexpr,
+                  BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr, a1_scale=None, b1_scale=None, a2_scale=None,
+                  b2_scale=None, a_scale_off=None, b_scale_off=None, row_ok=None, SCALED: tl.constexpr = False):
+    """acc + A1 B1 + A2 B2 over the reduction dimension in one loop: each step loads both pairs' tiles (TMA
+    descriptors, at the coordinates `row_mainloop` uses) and runs both MMAs (dx's dg W1 + du W3). One loop
+    per tile instead of two is what lets a persistent kernel's tile loop be flattened with it (Triton 3.6
+    fuses a loop nest with a single inner loop only). Four operand tiles per pipeline stage instead of two,
+    so fewer stages fit; the sums run in another order than two passes (pair 1's steps, then pair 2's), so
+    the result is not bitwise theirs.
+    bf16: a second accumulator for pair 2, added at the end (two MMAs chained through one accumulator are
+    not kept in flight across steps: `wgmma.wait_group 0` after each in the sm_90 compile, Triton 3.6; two
+    independent chains are, like GEMM1's gate and up), so 128-column tiles at most.
+    SCALED: block FP8, each pair's product of a K block scaled by its row and weight-block scales and added
+    in fp32, as in `row_mainloop` (whose MMAs wait for each K block anyway)."""
+    acc2 = tl.zeros_like(acc)
+    for k in tl.range(0, tl.cdiv(KD, BLOCK_K)):
+        a1 = a1_src.load([a_row, k * BLOCK_K])
+        a2 = a2_src.load([a_row, k * BLOCK_K])
+        if B_TRANS:  # B^T stored [n, k]
+            b1 = b1_src.load([b_row, k * BLOCK_K]).T
+            b2 = b2_src.load([b_row, k * BLOCK_K]).T
+        else:
+            b1 = b1_src.load([b_row + k * BLOCK_K, b_col])
+            b2 = b2_src.load([b_row + k * BLOCK_K, b_col])
+        if SCALED:
+            s1 = tl.load(a1_scale + a_scale_off + k, mask=row_ok, other=0.0) * tl.load(b1_scale + b_scale_off + k)
+            acc += mma(a1, b1, tl.zeros_like(acc), INTERPRET) * s1[:, None]
+            s2 = tl.load(a2_scale + a_scale_off + k, mask=row_ok, other=0.0) * tl.load(b2_scale + b_scale_off + k)
+            acc += mma(a2, b2, tl.zeros_like(acc), INTERPRET) * s2[:, None]
+        else:
+            acc = mma(a1, b1, acc, INTERPRET)
+            acc2 = mma(a2, b2, acc2, INTERPRET)
+    return acc + acc2
 
 
 @triton.jit

@@ -98,6 +98,14 @@ _FP8_WGRAD = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F
 # the sm_90 compile (Triton 3.6), so two fit on a multiprocessor
 _FP8_PERSISTENT = [C(64, 128, F, 4, 4, tma=True, persistent=2), C(64, 128, F, 4, 3, tma=True, persistent=2),
                    C(M, 128, F, 8, 3, tma=True, persistent=1)]
+# dx with both operand pairs in one K loop (pairs_in_one_loop), so a persistent dx's tile loop flattens with
+# it; four operand tiles per stage (sm_90 compile, Triton 3.6: bf16 128x128x64 at 3 stages ~197 KB of shared
+# memory alone, ~229 KB persistent; FP8 64-row programs 106-156 KB at 2-3 stages)
+ONE = dict(tma=True, pairs_in_one_loop=True)
+CANDIDATES["dx"] += [C(M, 128, 64, 8, 3, **ONE), C(M, 128, 32, 8, 4, **ONE), C(M, 128, 64, 8, 3, persistent=1, **ONE),
+                     C(M, 128, 32, 8, 4, persistent=1, **ONE)]
+_FP8_ONE_LOOP = [C(64, 128, F, 4, 3, **ONE), C(64, 128, F, 4, 2, persistent=2, **ONE),
+                 C(64, 128, F, 4, 3, persistent=1, **ONE), C(M, 128, F, 8, 3, persistent=1, **ONE)]
 CANDIDATES_FP8 = {
     "gemm1_swiglu": [C(64, 64, F, 4, 3, **T_), C(64, 64, F, 4, 4, **T_), C(64, 64, F, 4, 5, **T_),
                      C(M, 64, F, 8, 3, **T_), C(M, 64, F, 8, 4, **T_)],
@@ -107,7 +115,7 @@ CANDIDATES_FP8 = {
     # docs/kernels.md "More Gluon")
     "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT,
     "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT],
-    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT,
+    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_ONE_LOOP,
     "wgrad_w2": _FP8_WGRAD,
     "wgrad_w13": _FP8_WGRAD,
 }
