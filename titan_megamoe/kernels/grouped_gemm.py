@@ -134,7 +134,7 @@ def _row_gemm_tile(expert, pid_n, row0, rows, row_ok, a1_ptr, b1_ptr, a2_ptr, b2
                               SCALED=FP8)
     if TWO_PAIRS and not ONE_LOOP:
         # a second pass over K into the same accumulator, not interleaved with the first: an interleaved
-        # loop would hold four operand tiles per pipeline stage and overflow shared memory
+        # loop holds four operand tiles per pipeline stage, so fewer stages fit (pairs_in_one_loop does it)
         acc, _ = row_mainloop(acc, acc, a2_ptr, a_off, row_ok, row0, b2_ptr, b2_ptr, b_off, n_ok, n_ok, b_row, n0,
                               KD, stride_bk, A_TMA=TMA, B_TMA=TMA, B_TRANS=B_TRANS, TWO_B=False, WS=WS,
                               BLOCK_K=BLOCK_K, INTERPRET=INTERPRET, a_scale=a2s_ptr, a_scale_off=a_scale_off,
