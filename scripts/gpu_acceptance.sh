@@ -3,14 +3,25 @@
 #   1. every GPU test file, 2. the symmetric-memory transport as one rank, 3. the row kernels alone,
 #   4. the per-layer benchmark (JSON under docs/results/), 5. the A/B on the debug model (30 steps),
 #   6. the A/B on Qwen3-30B-A3B shapes on one GPU (50 steps).
-# Usage: scripts/gpu_acceptance.sh OUT_DIR [steps per stage...]. Each stage has its own time limit so one
-# slow stage cannot starve the rest; a stage that fails is reported and the next one still runs.
+# Usage: [STAGES="gpu_tests bench ..."] scripts/gpu_acceptance.sh OUT_DIR. STAGES picks stages by name
+# (default: all six, in this order), so a machine lent for 10 minutes at a time can run them in turns. Each
+# stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
+# the next one still runs.
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
+stages=${STAGES:-$all_stages}
+for name in $stages; do
+  case " $all_stages " in
+    *" $name "*) ;;
+    *) echo "STAGES: unknown stage '$name'; the stages are: $all_stages" >&2; exit 2 ;;
+  esac
+done
 stage() {  # name, time limit (s), command...
   local name=$1 limit=$2; shift 2
+  case " $stages " in *" $name "*) ;; *) return 0 ;; esac
   echo "=== $name (limit ${limit}s)"
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
