@@ -31,7 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from ..validation import check_kernel_operand, check_row_alignment, check_wgrad_out_dtype
-from .common import INTERPRET, cast_rne, new_output, tma_ok
+from .common import INTERPRET, cast_rne, mma, multiprocessors, new_output, tma_ok
 from .launch import launch
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
@@ -109,8 +109,94 @@ def _expert_wgrad_fp8_kernel(
                   OUT_BF16, INTERPRET)
 
 
+@triton.jit
+def _first_token_tile(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Expert `expert`'s first token tile: the plan's tiles are BLOCK_K rows of one expert, experts in
+    order, so it is the number of tiles of the experts before it."""
+    e = tl.arange(0, BLOCK_E)
+    before = e < expert
+    counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
+    return tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)
+
+
+@triton.jit
+def _expert_wgrad_fp8_persistent_kernel(
+    a_src, a2_src, b_src,  # TMA descriptors over the e4m3 token tiles A [M, P], A2 [M, P], B [N, P]
+    a_scale_ptr, a2_scale_ptr, b_scale_ptr,  # fp32 [M, P / 128], [N, P / 128]
+    offsets_ptr, expert_slot_ptr,
+    c_ptr, c2_ptr,  # [E, M, N]
+    M, N, num_items, stride_sa, stride_sb, stride_ce, stride_cm,
+    DUAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr,
+    INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
+):
+    """`_expert_wgrad_fp8_kernel`'s work as resident programs (TileConfig.persistent), with the loop over a
+    program's output tiles and the loop over each tile's token tiles written as one loop by hand: Triton
+    flattens a loop nest only when the inner trip count is the same in every outer iteration, and an
+    expert's token-tile count is not. Step s of the loop takes one token tile of one output tile; an output
+    tile starts (its expert, first token tile and count looked up) when the previous one is stored, so the
+    pipeliner can issue the next tile's first TMA loads while this one's last products are scaled and
+    stored. An empty expert takes one step with zero scales (zeros stored, as the one-program kernel stores
+    them). Per output tile the same products in the same order as `token_tile_mainloop`: bitwise its result."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_mn = tl.cdiv(M, BLOCK_M) * tiles_n
+    # this program's output tiles are pid, pid + grid, ...; its steps: each tile's token-tile count, at least 1
+    steps = 0
+    for c0 in range(0, tl.cdiv(num_items - pid, grid), CHUNK):
+        i = c0 + tl.arange(0, CHUNK)
+        w = pid + i * grid
+        ok = w < num_items
+        e = tl.load(expert_slot_ptr + w // tiles_mn, mask=ok, other=0)
+        count = tl.load(offsets_ptr + e + 1, mask=ok, other=0) - tl.load(offsets_ptr + e, mask=ok, other=0)
+        steps += tl.sum(tl.where(ok, tl.maximum((count + BLOCK_K - 1) // BLOCK_K, 1), 0), axis=0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    item = pid - grid  # the output tile in progress (advanced at the first step)
+    j = -1  # step within it (advanced at the top of each step, so that the next step's loads depend only on
+    n_t = 0  # what the previous step's pure ops computed, not on the store below: else no software pipeline)
+    first = 0
+    expert = 0
+    pid_m = 0
+    pid_n = 0
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    for _ in tl.range(0, steps):
+        j = tl.where(j == tl.maximum(n_t, 1) - 1, 0, j + 1)
+        if j == 0:  # a new output tile
+            item += grid
+            expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(item, M, N, expert_slot_ptr,
+                                                                              offsets_ptr, BLOCK_M, BLOCK_N)
+            n_t = (hi - lo + BLOCK_K - 1) // BLOCK_K
+            first = _first_token_tile(offsets_ptr, expert, BLOCK_K, BLOCK_E)
+        t = first + tl.minimum(j, tl.maximum(n_t - 1, 0))
+        col = t * BLOCK_K
+        # an empty expert's single step: zero scales, nothing added (j < n_t false on every lane)
+        m_ok = (offs_m < M) & (offs_m * 0 + j < n_t)
+        n_ok = (offs_n < N) & (offs_n * 0 + j < n_t)
+        sa = tl.load(a_scale_ptr + t + offs_m * stride_sa, mask=m_ok, other=0.0)
+        sb = tl.load(b_scale_ptr + t + offs_n * stride_sb, mask=n_ok, other=0.0)[None, :]
+        a = a_src.load([pid_m * BLOCK_M, col])
+        b = b_src.load([pid_n * BLOCK_N, col])
+        acc += mma(a, tl.trans(b), zero, INTERPRET) * sa[:, None] * sb
+        if DUAL:
+            sa2 = tl.load(a2_scale_ptr + t + offs_m * stride_sa, mask=m_ok, other=0.0)
+            a2 = a2_src.load([pid_m * BLOCK_M, col])
+            acc2 += mma(a2, tl.trans(b), zero, INTERPRET) * sa2[:, None] * sb
+        if j == tl.maximum(n_t, 1) - 1:  # the output tile's last step: store it, start the next one from zero
+            _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride_ce, stride_cm, DUAL,
+                          EVEN_M, EVEN_N, OUT_BF16, INTERPRET)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
 def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, precision):
     cfg = tile_config(kernel, *dims, precision)
+    if cfg.persistent:
+        raise ValueError(f"tile config {kernel}: persistent applies to the block-FP8 weight gradients only (the "
+                         f"bf16 kernel has no persistent form); set persistent=0 for {precision}")
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     dual = a2 is not None  # without DUAL the kernel never reads a2: None, no descriptor built for it
     offsets = plan.offsets_E1
@@ -228,6 +314,20 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
                 for t, rows in zip(srcs, (bm, bm, bn))]
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    # TileConfig.persistent: resident programs, one hand-flattened loop (TMA only: the step's token tile may
+    # lie past the last real one for an empty expert, which TMA fills with zeros); pointer loads where TMA
+    # cannot cover the operands, one program per output tile: the same result
+    if cfg.persistent and tma:
+        launch(
+            _expert_wgrad_fp8_persistent_kernel, (min(grid[0], cfg.persistent * multiprocessors(c.device)),),
+            *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,
+            grid[0], a.scale.stride(0), b.scale.stride(0), c.stride(0), c.stride(1),
+            DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16,
+            INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return
     launch(
         _expert_wgrad_fp8_kernel, grid,
         *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,

@@ -94,6 +94,11 @@ _FP8_ROWS = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F,
              C(M, 128, F, 8, 4, **T_)]
 _FP8_WGRAD = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F, 4, 5, **T_), C(64, 256, F, 8, 3, **T_),
               C(128, 128, F, 8, 3, **T_), C(128, 128, F, 8, 4, **T_)]
+# the weight gradients as resident programs, one hand-flattened loop over their output tiles' token tiles
+# (wgrad._expert_wgrad_fp8_persistent_kernel; sm_90 compile, Triton 3.6, 64 x 128 at 3 stages: dW2 244
+# registers and 82 KB, dW1/dW3 255 registers, 96 B of spill and 107 KB: two per multiprocessor)
+_FP8_WGRAD += [C(64, 128, F, 4, 3, tma=True, persistent=2), C(64, 128, F, 4, 4, tma=True, persistent=2),
+               C(64, 128, F, 4, 3, tma=True, persistent=1)]
 # persistent: 64-row, 4-warp programs hold ~210 registers and ~106 KB of shared memory at 4 stages in
 # the sm_90 compile (Triton 3.6), so two fit on a multiprocessor
 _FP8_PERSISTENT = [C(64, 128, F, 4, 4, tma=True, persistent=2), C(64, 128, F, 4, 3, tma=True, persistent=2),
