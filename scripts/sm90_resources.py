@@ -56,7 +56,29 @@ def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps:
                 global_proxy_fences=k.asm["ptx"].count("fence.proxy.async.global"),
                 wgmma_waits=re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", k.asm["ptx"]),
                 e4m3_casts=k.asm["ptx"].count("cvt.rn.satfinite.e4m3x2.f32"),
-                global_stores=dict(Counter(re.findall(r"st\.global((?:\.v\d)?\.b\d+)", k.asm["ptx"]))))
+                global_stores=dict(Counter(re.findall(r"st\.global((?:\.v\d)?\.b\d+)", k.asm["ptx"]))),
+                # loops left in the TTGIR whose bodies hold an MMA: 1 when a persistent tile loop is fused
+                # with its K loop (or there is one K loop), 2 for dx's two passes, more when nested
+                mma_loops=_mma_loops(k.asm["ttgir"]))
+
+
+def _mma_loops(ttgir: str) -> int:
+    """How many `scf.for` bodies contain a `warp_group_dot`, directly or in a nested region (a tile loop
+    around K loops counts with them). Braces are matched in order: attribute dictionaries open and close
+    on one line."""
+    count, stack = 0, []  # per open region: [is a for loop's body, holds an MMA]
+    for line in ttgir.splitlines():
+        if "warp_group_dot " in line:
+            for frame in stack:
+                frame[1] = True
+        last_open = line.rfind("{") if " scf.for " in f" {line.strip()} " else -1
+        for i, ch in enumerate(line):
+            if ch == "{":
+                stack.append([i == last_open, False])
+            elif ch == "}" and stack:
+                is_for, has_mma = stack.pop()
+                count += is_for and has_mma
+    return count
 
 
 # ---------------------------------------------------------------- the FP8 row kernels, as the launchers call them
@@ -92,9 +114,10 @@ def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 1
 
 
 def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: int = 8, sorted_out: bool = False,
-                 num_stages: int = 3, group_m: int = 1, persistent: bool = False, bf16: bool = False, block_k: int = 128):
+                 num_stages: int = 3, group_m: int = 1, persistent: bool = False, bf16: bool = False, block_k: int = 128,
+                 one_loop: bool = False):
     """The row-tiled GEMM (FP8 unless `bf16`, both operands through TMA): GEMM2, dx (`two_pairs`) or dgrad's q
-    (`sorted_out`); `persistent`: resident programs walking the tiles."""
+    (`sorted_out`); `persistent`: resident programs walking the tiles; `one_loop`: dx's pairs in one K loop."""
     from titan_megamoe.kernels.grouped_gemm import _grouped_gemm_kernel
 
     if bf16:  # GEMM2 reads W2 [n, k] (B_TRANS), dx W1 / W3 [k, n]
@@ -109,8 +132,27 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
     return _row_kernel(_grouped_gemm_kernel, sig, dict(TWO_PAIRS=two_pairs, TMA=True, B_TRANS=trans, WS=False,
                                                        SORTED_OUT=sorted_out, PEER_OUT=False, WAIT=False,
                                                        BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=group_m, BLOCK_N=block_n,
-                                                       BLOCK_K=block_k, FP8=not bf16, PERSISTENT=persistent),
+                                                       BLOCK_K=block_k, FP8=not bf16, PERSISTENT=persistent,
+                                                       ONE_LOOP=one_loop),
                        num_warps, num_stages)
+
+
+def wgrad_fp8(dual: bool, persistent: bool = False, block_m: int = 64, block_n: int = 128, num_warps: int = 4,
+              num_stages: int = 3):
+    """The block-FP8 weight gradient (dW2, or dW1/dW3 with `dual`) over TMA token tiles; `persistent`: the
+    resident programs' hand-flattened loop (`wgrad._expert_wgrad_fp8_persistent_kernel`)."""
+    from titan_megamoe.kernels import wgrad
+
+    fn = wgrad._expert_wgrad_fp8_persistent_kernel if persistent else wgrad._expert_wgrad_fp8_kernel
+    sig = {"a_src": _fp8_desc(block_m), "b_src": _fp8_desc(block_n), **_types("a_scale_ptr b_scale_ptr", "*fp32"),
+           **_types("offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": "*bf16",
+           **_types("M N stride_sa stride_sb stride_ce stride_cm", "i32"),
+           **({"num_items": "i32"} if persistent else _types("stride_a stride_b", "i32"))}
+    if dual:
+        sig.update(a2_src=_fp8_desc(block_m), a2_scale_ptr="*fp32", c2_ptr="*bf16")
+    const = dict(DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128,
+                 BLOCK_E=128, **({"CHUNK": 256} if persistent else {"TMA": True}))
+    return _row_kernel(fn, sig, const, num_warps, num_stages)
 
 
 def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False,
@@ -238,6 +280,23 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
                                                              persistent=True),
     "bf16 gemm2 128x256x64 3 stages": lambda: grouped_gemm(256, False, bf16=True, block_k=64),
     "bf16 gemm2 128x256x64 3 stages persistent": lambda: grouped_gemm(256, False, bf16=True, block_k=64, persistent=True),
+    "bf16 dx 128x256x64 3 stages persistent": lambda: grouped_gemm(256, True, bf16=True, block_k=64, persistent=True),
+    "bf16 dx one loop 128x128x64 3 stages": lambda: grouped_gemm(128, True, bf16=True, block_k=64, one_loop=True),
+    "bf16 dx one loop 128x128x64 3 stages persistent": lambda: grouped_gemm(128, True, bf16=True, block_k=64,
+                                                                           one_loop=True, persistent=True),
+    "bf16 dx one loop 128x128x32 4 stages persistent": lambda: grouped_gemm(128, True, bf16=True, block_k=32,
+                                                                           num_stages=4, one_loop=True,
+                                                                           persistent=True),
+    "dx 64 rows 4 warps 4 stages": lambda: grouped_gemm(128, True, block_m=64, num_warps=4, num_stages=4),
+    "dx one loop 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4, one_loop=True),
+    "dx one loop 64 rows 4 warps 2 stages persistent": lambda: grouped_gemm(128, True, block_m=64, num_warps=4,
+                                                                           num_stages=2, one_loop=True,
+                                                                           persistent=True),
+    "dx one loop 128 rows 8 warps persistent": lambda: grouped_gemm(128, True, one_loop=True, persistent=True),
+    "wgrad fp8 dW2 64x128": lambda: wgrad_fp8(False),
+    "wgrad fp8 dW2 64x128 persistent": lambda: wgrad_fp8(False, persistent=True),
+    "wgrad fp8 dW1/dW3 64x128": lambda: wgrad_fp8(True),
+    "wgrad fp8 dW1/dW3 64x128 persistent": lambda: wgrad_fp8(True, persistent=True),
     "dx 128 rows 8 warps": lambda: grouped_gemm(128, True),
     "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
     "dgrad q 128 rows 8 warps": lambda: grouped_gemm(128, False, sorted_out=True),
@@ -265,7 +324,7 @@ if __name__ == "__main__":
         try:
             r = JOBS[name]()
             print(f"{name:32s} QGMMA {r['qgmma']} HGMMA {r['hgmma']} {r['usage'][:40]} smem {r['smem']} "
-                  f"wgmma waits {r['wgmma_waits']} e4m3 casts {r['e4m3_casts']} stores {r['global_stores']}",
-                  flush=True)
+                  f"wgmma waits {r['wgmma_waits']} MMA loops {r['mma_loops']} e4m3 casts {r['e4m3_casts']} "
+                  f"stores {r['global_stores']}", flush=True)
         except Exception as e:  # one kernel's compile error must not hide the others' rows
             print(f"{name:32s} ERROR {str(e)[:300]}", flush=True)
