@@ -192,8 +192,9 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only
     for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
     block-FP8 GEMM1, GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
-    it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM),
-    weight_tma only for dgrad's own kernel, pairs_in_one_loop only for dx with tma."""
+    it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM) and
+    the block-FP8 weight gradients with tma, weight_tma only for dgrad's own kernel, pairs_in_one_loop only
+    for dx with tma."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 

@@ -81,6 +81,16 @@ def _expert_wgrad_kernel(
 
 
 @triton.jit
+def _first_token_tile(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Expert `expert`'s first token tile: the plan's tiles are BLOCK_K rows of one expert, experts in
+    order, so it is the number of tiles of the experts before it."""
+    e = tl.arange(0, BLOCK_E)
+    before = e < expert
+    counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
+    return tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)
+
+
+@triton.jit
 def _expert_wgrad_fp8_kernel(
     a_src, a2_src, b_src,  # e4m3 token tiles A [M, P], A2 [M, P], B [N, P] (pointers or TMA descriptors)
     a_scale_ptr, a2_scale_ptr, b_scale_ptr,  # fp32 [M, P / 128], [N, P / 128]
@@ -93,12 +103,7 @@ def _expert_wgrad_fp8_kernel(
 ):
     expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(tl.program_id(0), M, N, expert_slot_ptr,
                                                                       offsets_ptr, BLOCK_M, BLOCK_N)
-    # the plan's tiles are BLOCK_K (= block_m = 128) rows of one expert, experts in order: expert e's
-    # first tile is the number of tiles of the experts before it
-    e = tl.arange(0, BLOCK_E)
-    before = e < expert
-    counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
-    first_tile = tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)
+    first_tile = _first_token_tile(offsets_ptr, expert, BLOCK_K, BLOCK_E)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc, acc2 = token_tile_mainloop(acc, acc2, a_src, a2_src, b_src, a_scale_ptr, a2_scale_ptr, b_scale_ptr,
@@ -107,16 +112,6 @@ def _expert_wgrad_fp8_kernel(
                                     BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
     _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride_ce, stride_cm, DUAL, EVEN_M, EVEN_N,
                   OUT_BF16, INTERPRET)
-
-
-@triton.jit
-def _first_token_tile(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Expert `expert`'s first token tile: the plan's tiles are BLOCK_K rows of one expert, experts in
-    order, so it is the number of tiles of the experts before it."""
-    e = tl.arange(0, BLOCK_E)
-    before = e < expert
-    counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
-    return tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)
 
 
 @triton.jit
