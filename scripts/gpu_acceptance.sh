@@ -6,7 +6,8 @@
 # Usage: [STAGES="gpu_tests bench ..."] scripts/gpu_acceptance.sh OUT_DIR. STAGES picks stages by name
 # (default: all six, in this order), so a machine lent for 10 minutes at a time can run them in turns. Each
 # stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
-# the next one still runs.
+# the next one still runs. Not in the default: `tune_candidates`, the tile options written but never timed
+# on a GPU, tuned at both Qwen3 shapes (about 8 minutes; JSON per run under OUT_DIR/tune, for --merge).
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
@@ -14,9 +15,9 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
 stages=${STAGES:-$all_stages}
 for name in $stages; do
-  case " $all_stages " in
+  case " $all_stages tune_candidates " in
     *" $name "*) ;;
-    *) echo "STAGES: unknown stage '$name'; the stages are: $all_stages" >&2; exit 2 ;;
+    *) echo "STAGES: unknown stage '$name'; the stages are: $all_stages tune_candidates" >&2; exit 2 ;;
   esac
 done
 stage() {  # name, time limit (s), command...
@@ -35,7 +36,7 @@ stage() {  # name, time limit (s), command...
 gpu_tests() {
   local rc=0
   for files in "tests/test_gpu_kernels.py tests/test_fp8_rows_gluon.py" \
-      "tests/test_tune.py tests/test_op_api.py tests/test_kernel_wgrad.py tests/test_routing.py tests/test_router.py tests/test_peer_rows.py tests/test_launch.py tests/test_persistent_rows.py tests/test_dgrad_weight_tma.py tests/test_dx_pairs_one_loop.py" \
+      "tests/test_tune.py tests/test_op_api.py tests/test_kernel_wgrad.py tests/test_routing.py tests/test_router.py tests/test_peer_rows.py tests/test_launch.py tests/test_persistent_rows.py tests/test_dgrad_weight_tma.py tests/test_dx_pairs_one_loop.py tests/test_wgrad_persistent.py" \
       "tests/test_fp8_kernels.py tests/test_quant_kernels.py tests/test_wgrad_fp8.py tests/test_eager_path.py tests/test_fp8_dswiglu_split.py"; do
     # shellcheck disable=SC2086
     python3 -m pytest -v -p no:cacheprovider --tb=short -rfs $files ${TESTS_K:+-k "$TESTS_K"} &
@@ -44,6 +45,21 @@ gpu_tests() {
   return $rc
 }
 stage gpu_tests "${TESTS_LIMIT:-540}" bash -c "$(declare -f gpu_tests); gpu_tests"
+# the options no GPU has timed yet (dx's pairs in one K loop, the resident weight gradients in bf16 and block FP8),
+# each against the config in use (--only-fields), at both Qwen3 shapes
+tune_candidates() {
+  local shape
+  for shape in "2048 768 128 8 16384" "4096 1536 128 8 16384"; do
+    # shellcheck disable=SC2086
+    for args in "--kernels wgrad_w2 wgrad_w13 --only-fields persistent" \
+        "--precision fp8 --kernels wgrad_w2 wgrad_w13 --only-fields persistent" \
+        "--kernels dx --only-fields pairs_in_one_loop" "--precision fp8 --kernels dx --only-fields pairs_in_one_loop"; do
+      echo "--- $shape $args"
+      timeout 150 python3 scripts/tune_kernels.py --shape $shape $args --out "$out/tune" || echo "rc=$?"
+    done
+  done
+}
+stage tune_candidates 570 bash -c "out=$out; $(declare -f tune_candidates); tune_candidates"
 stage symm_mem_one_gpu 120 python3 scripts/symm_mem_one_gpu.py --out "$out"
 stage row_kernels 120 python3 scripts/bench_row_kernels.py --out "$out"
 stage bench 560 python3 scripts/bench_layer.py --sac --iters 20 --precision bf16,fp8,fp8_bwd --max-seconds 480

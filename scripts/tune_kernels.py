@@ -90,6 +90,8 @@ def main():
     ap.add_argument("--precision", default="bf16", choices=["bf16", "fp8"],
                     help="the kernels' operand precision (fp8: block FP8, its own candidates and table entries)")
     ap.add_argument("--write", action="store_true", help="merge the winners into tuned_configs.json")
+    ap.add_argument("--out", metavar="DIR", help="write the run's JSON (every candidate) into DIR, table untouched "
+                                                 "(a device run's record; merge it later with --merge)")
     ap.add_argument("--only-fields", nargs="+", metavar="FIELD", choices=[f.name for f in fields(TileConfig)],
                     help="time only the config in use at this shape (table or default) and the candidates that set one "
                          "of these TileConfig fields (e.g. persistent): a variant's before/after in one process")
@@ -141,9 +143,11 @@ def main():
             print(f"best {kernel}: {best} {ms:.3f} ms", flush=True)
     if a.write:
         merge_run(every)
-        os.makedirs("docs/results", exist_ok=True)
+    if a.write or a.out:
+        folder = a.out or "docs/results"
+        os.makedirs(folder, exist_ok=True)
         tag = key if not fp8 else f"{key}_fp8"
-        path = f"docs/results/tune_{tag}_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
+        path = f"{folder}/tune_{tag}_{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}.json"
         with open(path, "w") as f:
             json.dump(every, f, indent=1)
         print(f"wrote {path} (every candidate)")

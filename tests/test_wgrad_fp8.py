@@ -274,21 +274,15 @@ def test_wgrad_fp8_persistent_is_bitwise_one_program_per_tile(case, out_dtype):
 
 
 def test_wgrad_persistent_config_errors():
-    """bf16 weight gradients have no persistent kernel: a table entry says so at load, a forced config at
-    launch; the block-FP8 one needs TMA."""
+    """The block-FP8 resident kernel needs TMA (token tiles, no copy); bf16's own resident kernel is
+    tests/test_wgrad_persistent.py's."""
     from titan_megamoe.validation import check_tile_config
 
     cfg = TileConfig(64, 128, 128, 4, 3, tma=True, persistent=1)
     check_tile_config("wgrad_w2", cfg, 128, "fp8")
-    with pytest.raises(ValueError, match="block-FP8 weight gradients"):
-        check_tile_config("wgrad_w2", cfg, 128, "bf16")
-    with pytest.raises(ValueError, match="block-FP8 weight gradients"):
-        check_tile_config("wgrad_w13", dataclasses.replace(cfg, tma=False), 128, "fp8")
-    p = _problem("segments")
-    rows = p["rows"]
-    with override_tile_config("wgrad_w2", TileConfig(32, 32, 32, 4, 1, tma=True, persistent=1)):
-        with pytest.raises(ValueError, match="persistent applies to the block-FP8 weight gradients only"):
-            wgrad.expert_wgrad_w2(rows["dout"], rows["hs"], p["plan"], torch.float32)
+    for bad in (dataclasses.replace(cfg, tma=False), dataclasses.replace(cfg, sorted_copy=True)):
+        with pytest.raises(ValueError, match="block FP8: without"):
+            check_tile_config("wgrad_w13", bad, 128, "fp8")
 
 
 def test_wgrad_fp8_no_rows():

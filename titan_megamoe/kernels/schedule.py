@@ -83,3 +83,31 @@ def expert_output_tile(pid, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M: tl.cons
     offs_m = tl.max_contiguous(tl.multiple_of(pid_m * BLOCK_M + tl.arange(0, BLOCK_M), BLOCK_M), BLOCK_M)
     offs_n = tl.max_contiguous(tl.multiple_of(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
     return expert, lo, hi, pid_m, pid_n, offs_m, offs_n
+
+
+@triton.jit
+def first_token_block(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Expert `expert`'s first block in a layout that pads every expert's rows to whole BLOCK_K blocks, experts
+    in order (the block-FP8 token tiles with BLOCK_K = the plan's 128 rows; the padded sorted copy of the
+    persistent bf16 weight gradients, `sorted_rows.padded_sorted_rows`): the blocks of the experts before it."""
+    e = tl.arange(0, BLOCK_E)
+    before = e < expert
+    counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
+    return tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)
+
+
+@triton.jit
+def resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr = 256):
+    """Steps of a resident weight-gradient program (one hand-flattened loop over its output tiles pid,
+    pid + grid, ... and their reduction blocks): each tile's BLOCK_K-row block count, at least 1 (an empty
+    expert takes one step that adds nothing and stores its zeros)."""
+    tiles_mn = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    steps = 0
+    for c0 in range(0, tl.cdiv(num_items - pid, grid), CHUNK):
+        w = pid + (c0 + tl.arange(0, CHUNK)) * grid
+        ok = w < num_items
+        e = tl.load(expert_slot_ptr + w // tiles_mn, mask=ok, other=0)
+        count = tl.load(offsets_ptr + e + 1, mask=ok, other=0) - tl.load(offsets_ptr + e, mask=ok, other=0)
+        steps += tl.sum(tl.where(ok, tl.maximum((count + BLOCK_K - 1) // BLOCK_K, 1), 0), axis=0)
+    return steps

@@ -11,6 +11,9 @@ is the sorted position p or, gathered, the plan's source row order[p] // K:
 One program per output tile (expert, m-tile, n-tile), experts heaviest first (`schedule.expert_output_tile`).
 An empty expert runs zero iterations and stores zeros: every output element is written by the kernel,
 nothing relies on a memset. No atomics: the result is bitwise reproducible for a given config.
+Resident programs (`TileConfig.persistent`: bf16 with tma and sorted_copy, block FP8 with tma) walk their
+output tiles in one loop written by hand, one reduction block per step, bitwise the one-program kernels;
+bf16 reads the gathered operand from a copy padded per expert (`sorted_rows.padded_sorted_rows`).
 
 Block FP8 (`expert_wgrad_w2_fp8`, `expert_wgrad_w13_fp8`): the same products over operands in the
 token-tile layout (`quant.quantize_token_tiles`: e4m3 [C, num_tiles * 128], one fp32 scale per row and
@@ -35,8 +38,8 @@ from .common import INTERPRET, cast_rne, mma, multiprocessors, new_output, tma_o
 from .launch import launch
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
-from .schedule import expert_output_tile
-from .sorted_rows import sorted_rows
+from .schedule import expert_output_tile, first_token_block, resident_wgrad_steps
+from .sorted_rows import padded_sorted_rows, sorted_rows
 
 
 @triton.jit
@@ -81,13 +84,69 @@ def _expert_wgrad_kernel(
 
 
 @triton.jit
-def _first_token_tile(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Expert `expert`'s first token tile: the plan's tiles are BLOCK_K rows of one expert, experts in
-    order, so it is the number of tiles of the experts before it."""
-    e = tl.arange(0, BLOCK_E)
-    before = e < expert
-    counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
-    return tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)
+def _expert_wgrad_persistent_kernel(
+    a_src, a2_src, b_src,  # TMA descriptors over A [*, M] (A2), B [*, N]: sorted rows, or the padded copy
+    offsets_ptr, expert_slot_ptr,
+    c_ptr, c2_ptr,  # [E, M, N]
+    M, N, num_items, stride_ce, stride_cm,
+    A_PADDED: tl.constexpr, DUAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr,
+    INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
+):
+    """`_expert_wgrad_kernel`'s work (bf16, both operands through TMA) as resident programs (TileConfig.persistent),
+    the loop over a program's output tiles and the loop over each tile's reduction blocks written as one loop by
+    hand (as `_expert_wgrad_fp8_persistent_kernel`: Triton flattens a loop nest only when the inner trip count is
+    the same in every outer iteration). Step s takes one BLOCK_K-row block of one output tile, so the pipeliner
+    issues the next tile's first loads while this tile's last MMAs finish and its result is stored.
+
+    The gathered operand (dout for dW2: A_PADDED; x for dW1/dW3) comes as `sorted_rows.padded_sorted_rows`:
+    each expert's rows padded with zero rows to whole blocks, so a step needs no mask: the sorted operand's
+    rows past the expert's end (the next expert's, or TMA's zero fill past the last row) meet zero rows. An
+    empty expert takes one step against the copy's leading zero block and stores zeros. Per output tile the
+    same blocks in the same order as the one-program kernel with a sorted copy (`varlen_mainloop`), which zeroes
+    the last partial block in registers instead: the same products, bitwise its result."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    steps = resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K,
+                                 CHUNK)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    item = pid - grid  # the output tile in progress (advanced at its first step)
+    j = -1  # step within it, advanced at the top of each step from the previous step's pure values (not from
+    n_t = 0  # the store below), so that the next step's loads can be issued ahead: the software pipeline
+    lo = 0
+    padded = 0
+    expert = 0
+    pid_m = 0
+    pid_n = 0
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    for _ in tl.range(0, steps):
+        j = tl.where(j == tl.maximum(n_t, 1) - 1, 0, j + 1)
+        if j == 0:  # a new output tile
+            item += grid
+            expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(item, M, N, expert_slot_ptr,
+                                                                              offsets_ptr, BLOCK_M, BLOCK_N)
+            n_t = (hi - lo + BLOCK_K - 1) // BLOCK_K
+            padded = tl.where(n_t > 0, BLOCK_K + BLOCK_K * first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E), 0)
+        sorted_row = lo + j * BLOCK_K
+        padded_row = padded + j * BLOCK_K
+        if A_PADDED:
+            a_row, b_row = padded_row, sorted_row
+        else:
+            a_row, b_row = sorted_row, padded_row
+        b = b_src.load([b_row, pid_n * BLOCK_N])
+        acc = mma(tl.trans(a_src.load([a_row, pid_m * BLOCK_M])), b, acc, INTERPRET)
+        if DUAL:
+            acc2 = mma(tl.trans(a2_src.load([a_row, pid_m * BLOCK_M])), b, acc2, INTERPRET)
+        if j == tl.maximum(n_t, 1) - 1:  # the output tile's last step: store it, start the next one from zero
+            # (the reset after the store is the form Triton's own loop fusion gives a persistent GEMM: in the sm_90
+            # compile the MMAs stay in flight across steps and only this branch waits for them; a reset before the
+            # MMA waited at every step)
+            _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride_ce, stride_cm, DUAL,
+                          EVEN_M, EVEN_N, OUT_BF16, INTERPRET)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
@@ -103,7 +162,7 @@ def _expert_wgrad_fp8_kernel(
 ):
     expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(tl.program_id(0), M, N, expert_slot_ptr,
                                                                       offsets_ptr, BLOCK_M, BLOCK_N)
-    first_tile = _first_token_tile(offsets_ptr, expert, BLOCK_K, BLOCK_E)
+    first_tile = first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc, acc2 = token_tile_mainloop(acc, acc2, a_src, a2_src, b_src, a_scale_ptr, a2_scale_ptr, b_scale_ptr,
@@ -135,17 +194,8 @@ def _expert_wgrad_fp8_persistent_kernel(
     them). Per output tile the same products in the same order as `token_tile_mainloop`: bitwise its result."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_mn = tl.cdiv(M, BLOCK_M) * tiles_n
-    # this program's output tiles are pid, pid + grid, ...; its steps: each tile's token-tile count, at least 1
-    steps = 0
-    for c0 in range(0, tl.cdiv(num_items - pid, grid), CHUNK):
-        i = c0 + tl.arange(0, CHUNK)
-        w = pid + i * grid
-        ok = w < num_items
-        e = tl.load(expert_slot_ptr + w // tiles_mn, mask=ok, other=0)
-        count = tl.load(offsets_ptr + e + 1, mask=ok, other=0) - tl.load(offsets_ptr + e, mask=ok, other=0)
-        steps += tl.sum(tl.where(ok, tl.maximum((count + BLOCK_K - 1) // BLOCK_K, 1), 0), axis=0)
+    steps = resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K,
+                                 CHUNK)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -165,7 +215,7 @@ def _expert_wgrad_fp8_persistent_kernel(
             expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(item, M, N, expert_slot_ptr,
                                                                               offsets_ptr, BLOCK_M, BLOCK_N)
             n_t = (hi - lo + BLOCK_K - 1) // BLOCK_K
-            first = _first_token_tile(offsets_ptr, expert, BLOCK_K, BLOCK_E)
+            first = first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E)
         t = first + tl.minimum(j, tl.maximum(n_t - 1, 0))
         col = t * BLOCK_K
         # an empty expert's single step: zero scales, nothing added (j < n_t false on every lane)
@@ -189,12 +239,33 @@ def _expert_wgrad_fp8_persistent_kernel(
 
 def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, precision):
     cfg = tile_config(kernel, *dims, precision)
-    if cfg.persistent:
-        raise ValueError(f"tile config {kernel}: persistent applies to the block-FP8 weight gradients only (the "
-                         f"bf16 kernel has no persistent form); set persistent=0 for {precision}")
+    if cfg.persistent and not (cfg.tma and cfg.sorted_copy) or cfg.persistent and cfg.warp_specialize:
+        raise ValueError(f"tile config {kernel}: persistent bf16 weight gradients read both operands through TMA, "
+                         f"the gathered one from a padded sorted copy: set tma=True and sorted_copy=True without "
+                         f"warp_specialize, or persistent=0; got {cfg}")
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     dual = a2 is not None  # without DUAL the kernel never reads a2: None, no descriptor built for it
     offsets = plan.offsets_E1
+    c, c2 = outs[0], outs[-1]
+    num_items = plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    # TileConfig.persistent: resident programs in one hand-flattened loop; where TMA cannot cover the operands,
+    # one program per output tile with pointer loads below (the same result)
+    if cfg.persistent and tma_ok(*(t for t in (a, a2, b) if t is not None)):
+        if a_gather:
+            a = padded_sorted_rows(a, plan, bk)
+        else:
+            b = padded_sorted_rows(b, plan, bk)
+        descs = [TensorDescriptor.from_tensor(t, [bk, rows]) if t is not None else None
+                 for t, rows in ((a, bm), (a2, bm), (b, bn))]
+        launch(
+            _expert_wgrad_persistent_kernel, (min(num_items, cfg.persistent * multiprocessors(c.device)),),
+            *descs, offsets, plan.experts_by_load, c, c2, M, N, num_items, c.stride(0), c.stride(1),
+            A_PADDED=a_gather, DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16,
+            INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+        return
     gathered = (a if a_gather else b) if not cfg.sorted_copy else None
     if cfg.sorted_copy:  # the gathered operand copied into sorted order: nothing is gathered in the kernel
         if a_gather:
@@ -210,10 +281,8 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
         if gathered is not a:
             a, a2 = (TensorDescriptor.from_tensor(t, [bk, bm]) if t is not None else None for t in (a, a2))
             stride_a = 0
-    c, c2 = outs[0], outs[-1]
-    grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     launch(
-        _expert_wgrad_kernel, grid,
+        _expert_wgrad_kernel, (num_items,),
         a, a2, b, plan.order_N, offsets, plan.experts_by_load, c, c2, M, N, stride_a, stride_b, c.stride(0),
         c.stride(1),
         TOP_K=plan.rows_per_token, A_GATHER=gathered is a, B_GATHER=gathered is b, DUAL=dual,

@@ -1,0 +1,160 @@
+"""TileConfig.persistent for the bf16 weight gradients (kernels/wgrad.py `_expert_wgrad_persistent_kernel`):
+resident programs walking their output tiles in one hand-flattened loop, the gathered operand (dout for dW2,
+x for dW1/dW3) read from a copy padded per expert (`sorted_rows.padded_sorted_rows`).
+
+Per output tile the same reduction blocks in the same order as one program per tile over a sorted copy, so
+the results must be bitwise equal, with far fewer programs than tiles (the interpreter's 2
+"multiprocessors"), empty experts (one step against the copy's zero block), one hot expert, duplicate
+choices, ragged edges and reductions that are not a whole number of blocks. Outputs are poisoned (NaN) first,
+so a tile left unwritten fails, and so does a padded-copy row the kernel reads but nobody wrote. The CPU runs
+the kernels in Triton's interpreter at small shapes; a GPU runs the compiled kernels at Qwen3-30B-A3B's shape
+with the tuning candidates' tiles."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from moe_cases import make_ids
+from test_kernel_wgrad import _patch_interpreter_for_numpy_2_4
+from titan_megamoe import oracle
+from titan_megamoe.kernels import wgrad
+from titan_megamoe.kernels.common import INTERPRET, multiprocessors
+from titan_megamoe.kernels.configs import TileConfig, override_tile_config
+from titan_megamoe.kernels.routing_meta import build_routing_plan
+from titan_megamoe.kernels.sorted_rows import padded_rows_bound, padded_sorted_rows, sorted_rows
+from titan_megamoe.validation import check_tile_config
+
+if INTERPRET:
+    _patch_interpreter_for_numpy_2_4()
+DEVICE = "cpu" if INTERPRET else "cuda"
+pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU or Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
+
+
+# name: (T, D, H, E, K, routing)
+SHAPES = {
+    "random": (37, 48, 32, 5, 3, "random"),
+    "skewed": (64, 32, 48, 6, 2, "skewed"),
+    "empty_experts": (29, 32, 32, 7, 2, "empty_experts"),
+    "one_expert": (21, 32, 32, 4, 2, "one_expert"),
+    "duplicate_choices": (19, 48, 32, 3, 3, "duplicate_choices"),
+    "t1": (1, 32, 32, 4, 2, "random"),
+}
+if not INTERPRET:
+    SHAPES.update({"30b": (4096, 2048, 768, 128, 8, "random"), "30b_skewed": (4096, 2048, 768, 128, 8, "skewed"),
+                   "odd_ragged": (777, 832, 320, 40, 5, "empty_experts")})
+# the interpreter's tiles are tiny (fast), with ragged M/N edges at the shapes above; on the GPU the
+# tuning candidates' tiles (tune/candidates.py)
+W2_TILES = [TileConfig(16, 32, 16, 4, 1), TileConfig(32, 16, 32, 4, 2)] if INTERPRET else [
+    TileConfig(128, 256, 32, 8, 3), TileConfig(128, 128, 64, 8, 4)]
+W13_TILES = [TileConfig(16, 32, 16, 4, 1), TileConfig(16, 16, 32, 4, 2)] if INTERPRET else [
+    TileConfig(64, 128, 32, 4, 4), TileConfig(128, 128, 32, 8, 4)]
+
+
+def _problem(name: str, seed: int = 0):
+    T, D, H, E, K, routing = SHAPES[name]
+    gen = torch.Generator().manual_seed(seed)
+    plan = build_routing_plan(make_ids(T, E, K, routing, gen).to(DEVICE), E, 128)
+    N = T * K
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(DEVICE, torch.bfloat16)
+
+    return dict(plan=plan, x=rand(T, D), dout=rand(T, D), hs=rand(N, H), dg=rand(N, H), du=rand(N, H))
+
+
+def _run(p, w2_cfg, w13_cfg, out_dtype):
+    with override_tile_config("wgrad_w2", w2_cfg), override_tile_config("wgrad_w13", w13_cfg):
+        return (wgrad.expert_wgrad_w2(p["dout"], p["hs"], p["plan"], out_dtype),
+                *wgrad.expert_wgrad_w13(p["dg"], p["du"], p["x"], p["plan"], out_dtype))
+
+
+def _sorted(cfg, persistent=0):
+    return dataclasses.replace(cfg, tma=True, sorted_copy=True, persistent=persistent)
+
+
+@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize("name", ["random", "empty_experts", "one_expert", "duplicate_choices", "t1"])
+def test_padded_sorted_rows_layout(name, block):
+    """A zero block, then each expert's sorted rows (sorted_rows' values) and zero rows up to whole blocks."""
+    p = _problem(name)
+    plan = p["plan"]
+    out = padded_sorted_rows(p["x"], plan, block)
+    assert out.shape == (padded_rows_bound(plan, block), p["x"].shape[1])
+    ref = sorted_rows(p["x"], plan)
+    offsets = plan.offsets_E1.tolist()
+    assert (out[:block] == 0).all(), "the leading zero block"
+    row = block
+    for e in range(plan.layout.num_experts):
+        lo, hi = offsets[e], offsets[e + 1]
+        padded = -(-(hi - lo) // block) * block
+        assert torch.equal(out[row:row + hi - lo], ref[lo:hi]), f"expert {e}: rows"
+        assert (out[row + hi - lo:row + padded] == 0).all(), f"expert {e}: padding"
+        row += padded
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_persistent_is_bitwise_one_program_per_tile(name, out_dtype):
+    p = _problem(name, seed=1)
+    launched = []
+    real_launch = wgrad.launch
+
+    def spy(kernel, grid, *args, **kw):
+        launched.append((kernel.fn.__name__, grid[0]))
+        return real_launch(kernel, grid, *args, **kw)
+
+    for w2_cfg, w13_cfg in zip(W2_TILES, W13_TILES):
+        one = _run(p, _sorted(w2_cfg), _sorted(w13_cfg), out_dtype)
+        launched.clear()
+        try:
+            wgrad.launch = spy
+            resident = _run(p, _sorted(w2_cfg, 1), _sorted(w13_cfg, 2), out_dtype)
+        finally:
+            wgrad.launch = real_launch
+        kernels = [k for k, _ in launched if k.startswith("_expert_wgrad")]
+        assert kernels == ["_expert_wgrad_persistent_kernel"] * 2, f"{name}: no resident kernel ran: {launched}"
+        for out_name, a, b in zip(("dW2", "dW1", "dW3"), one, resident):
+            assert not b.isnan().any(), f"{name}: NaN in the resident {out_name} (unwritten tile or padding read)"
+            assert torch.equal(a, b), f"{name} {w2_cfg}: resident {out_name} differs from one program per tile"
+    sms = multiprocessors(torch.device(DEVICE))
+    grids = [g for k, g in launched if k == "_expert_wgrad_persistent_kernel"]
+    assert grids[0] <= sms and grids[1] <= 2 * sms, launched
+
+
+def test_persistent_meets_the_float64_oracle():
+    """Not only equal to the other kernel: the FlashAttention rule against float64 (2x torch bf16's error)."""
+    p = _problem("skewed", seed=2)
+    dw2, dw1, dw3 = _run(p, _sorted(W2_TILES[0], 1), _sorted(W13_TILES[0], 1), torch.float32)
+    plan = p["plan"]
+    refs = [oracle.wgrad_w2_reference(p["dout"], p["hs"], plan, dt) for dt in (torch.float64, torch.bfloat16)]
+    refs13 = [oracle.wgrad_w13_reference(p["dg"], p["du"], p["x"], plan, dt) for dt in (torch.float64, torch.bfloat16)]
+    for out, ref64, ref_bf16 in ((dw2, *refs), (dw1, refs13[0][0], refs13[1][0]), (dw3, refs13[0][1], refs13[1][1])):
+        err = (out.double().cpu() - ref64.cpu()).abs().max().item()
+        err_torch = (ref_bf16.double().cpu() - ref64.cpu()).abs().max().item()
+        assert err <= 2 * err_torch + 1e-5, (err, err_torch)
+
+
+def test_persistent_config_errors():
+    """bf16's resident kernel needs both operands through TMA from the (padded) sorted copy; block FP8's needs
+    TMA and no copy (token tiles): a table entry says so at load, a forced config at launch."""
+    resident = TileConfig(64, 128, 32, 4, 4, tma=True, sorted_copy=True, persistent=2)
+    check_tile_config("wgrad_w13", resident, 128, "bf16")
+    for bad, precision in ((dataclasses.replace(resident, sorted_copy=False), "bf16"),
+                           (dataclasses.replace(resident, tma=False, sorted_copy=False), None),
+                           (resident, "fp8"), (dataclasses.replace(resident, warp_specialize=True), "bf16")):
+        with pytest.raises(ValueError, match="weight gradients with tma .bf16: with sorted_copy; block FP8: without"):
+            check_tile_config("wgrad_w13", bad, 128, precision)
+    p = _problem("random")
+    fp8_form = TileConfig(16, 32, 16, 4, 1, tma=True, persistent=1)  # valid for a forced config: block FP8's
+    with override_tile_config("wgrad_w2", fp8_form):
+        with pytest.raises(ValueError, match="persistent bf16 weight gradients read both operands through TMA"):
+            wgrad.expert_wgrad_w2(p["dout"], p["hs"], p["plan"], torch.float32)
