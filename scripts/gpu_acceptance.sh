@@ -7,7 +7,8 @@
 # (default: all six, in this order), so a machine lent for 10 minutes at a time can run them in turns. Each
 # stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
 # the next one still runs. Not in the default: `tune_candidates`, the tile options written but never timed
-# on a GPU, tuned at both Qwen3 shapes (about 8 minutes; JSON per run under OUT_DIR/tune, for --merge).
+# on a GPU, at one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune,
+# for tune_kernels.py --merge).
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
@@ -46,20 +47,18 @@ gpu_tests() {
 }
 stage gpu_tests "${TESTS_LIMIT:-540}" bash -c "$(declare -f gpu_tests); gpu_tests"
 # the options no GPU has timed yet (dx's pairs in one K loop, the resident weight gradients in bf16 and block FP8),
-# each against the config in use (--only-fields), at both Qwen3 shapes
+# each against the config in use (--only-fields); TUNE_SHAPE (D H E K T) picks the shape, 30B-A3B's by default
 tune_candidates() {
-  local shape
-  for shape in "2048 768 128 8 16384" "4096 1536 128 8 16384"; do
-    # shellcheck disable=SC2086
-    for args in "--kernels wgrad_w2 wgrad_w13 --only-fields persistent" \
-        "--precision fp8 --kernels wgrad_w2 wgrad_w13 --only-fields persistent" \
-        "--kernels dx --only-fields pairs_in_one_loop" "--precision fp8 --kernels dx --only-fields pairs_in_one_loop"; do
-      echo "--- $shape $args"
-      timeout 150 python3 scripts/tune_kernels.py --shape $shape $args --out "$out/tune" || echo "rc=$?"
-    done
+  local shape=${TUNE_SHAPE:-2048 768 128 8 16384}
+  # shellcheck disable=SC2086
+  for args in "--kernels wgrad_w2 wgrad_w13 --only-fields persistent" \
+      "--precision fp8 --kernels wgrad_w2 wgrad_w13 --only-fields persistent" \
+      "--kernels dx --only-fields pairs_in_one_loop" "--precision fp8 --kernels dx --only-fields pairs_in_one_loop"; do
+    echo "--- $shape $args"
+    timeout 240 python3 scripts/tune_kernels.py --shape $shape $args --out "$out/tune" || echo "rc=$?"
   done
 }
-stage tune_candidates 570 bash -c "out=$out; $(declare -f tune_candidates); tune_candidates"
+stage tune_candidates 590 bash -c "out=$out; $(declare -f tune_candidates); tune_candidates"
 stage symm_mem_one_gpu 120 python3 scripts/symm_mem_one_gpu.py --out "$out"
 stage row_kernels 120 python3 scripts/bench_row_kernels.py --out "$out"
 stage bench 560 python3 scripts/bench_layer.py --sac --iters 20 --precision bf16,fp8,fp8_bwd --max-seconds 480

@@ -156,28 +156,32 @@ def wgrad_fp8(dual: bool, persistent: bool = False, block_m: int = 64, block_n: 
 
 
 def wgrad_bf16(dual: bool, persistent: bool = False, block_m: int = 128, block_n: int = 256, block_k: int = 32,
-               num_warps: int = 8, num_stages: int = 5, out: str = "fp32"):
-    """The bf16 weight gradient (dW2, or dW1/dW3 with `dual`) with both operands through TMA: one program per
-    output tile over a sorted copy (`_expert_wgrad_kernel`, sorted_copy), or `persistent`: the resident
-    programs' hand-flattened loop over the padded copy (`wgrad._expert_wgrad_persistent_kernel`). `out`: the
-    gradients' dtype (fp32 under fp32 master weights, as 1-GPU TorchTitan runs)."""
+               num_warps: int = 8, num_stages: int = 5, out: str = "fp32", copied: bool = True):
+    """The bf16 weight gradient (dW2, or dW1/dW3 with `dual`), the sorted operand through TMA and the gathered
+    one (dout, x) through TMA from a sorted copy (`copied`) or by pointer: one program per output tile
+    (`_expert_wgrad_kernel`), or `persistent`: the resident programs' hand-flattened loop
+    (`wgrad._expert_wgrad_persistent_kernel`, the copy padded per expert). `out`: the gradients' dtype (fp32
+    under fp32 master weights, as 1-GPU TorchTitan runs)."""
     from titan_megamoe.kernels import wgrad
 
     a, b = f"tensordesc<bf16[{block_k}, {block_m}]>", f"tensordesc<bf16[{block_k}, {block_n}]>"
+    if not copied:  # the gathered operand by pointer: A for dW2, B for dW1/dW3
+        a, b = (a, "*bf16") if dual else ("*bf16", b)
     names = ("a_src", "a2_src", "b_src") if persistent else ("a_ptr", "a2_ptr", "b_ptr")
-    sig = {names[0]: a, names[2]: b, **_types("offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": f"*{out}",
+    sig = {names[0]: a, names[2]: b, **_types("order_ptr offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": f"*{out}",
            **_types("M N stride_ce stride_cm", "i32")}
     if dual:
         sig.update({names[1]: a, "c2_ptr": f"*{out}"})
-    const = dict(DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=out == "bf16", BLOCK_M=block_m, BLOCK_N=block_n,
-                 BLOCK_K=block_k)
+    const = dict(TOP_K=8, DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=out == "bf16", BLOCK_M=block_m,
+                 BLOCK_N=block_n, BLOCK_K=block_k)
     if persistent:
-        fn, sig["num_items"] = wgrad._expert_wgrad_persistent_kernel, "i32"
-        const.update(A_PADDED=not dual, BLOCK_E=128, CHUNK=256)
+        fn = wgrad._expert_wgrad_persistent_kernel
+        sig.update(num_items="i32", stride_g="i32")
+        const.update(A_GATHERED=not dual, COPIED=copied, BLOCK_E=128, CHUNK=256)
     else:
         fn = wgrad._expert_wgrad_kernel
-        sig.update(order_ptr="*i32", **_types("stride_a stride_b", "i32"))
-        const.update(TOP_K=8, A_GATHER=False, B_GATHER=False, SORTED_TMA=True, WS=False)
+        sig.update(_types("stride_a stride_b", "i32"))
+        const.update(A_GATHER=not copied and not dual, B_GATHER=not copied and dual, SORTED_TMA=True, WS=False)
     return _row_kernel(fn, sig, const, num_warps, num_stages)
 
 
@@ -323,16 +327,27 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "wgrad fp8 dW2 64x128 persistent": lambda: wgrad_fp8(False, persistent=True),
     "wgrad fp8 dW1/dW3 64x128": lambda: wgrad_fp8(True),
     "wgrad fp8 dW1/dW3 64x128 persistent": lambda: wgrad_fp8(True, persistent=True),
+    "bf16 wgrad dW2 128x256x32 5 stages gathered": lambda: wgrad_bf16(False, copied=False),
+    "bf16 wgrad dW2 128x256x32 3 stages gathered persistent": lambda: wgrad_bf16(False, persistent=True,
+                                                                                num_stages=3, copied=False),
+    "bf16 wgrad dW2 128x128x64 4 stages gathered persistent": lambda: wgrad_bf16(False, persistent=True,
+                                                                                block_n=128, block_k=64,
+                                                                                num_stages=4, copied=False),
+    "bf16 wgrad dW1/dW3 64x128x32 4 stages gathered persistent": lambda: wgrad_bf16(
+        True, persistent=True, block_m=64, block_n=128, num_warps=4, num_stages=4, copied=False),
     "bf16 wgrad dW2 128x256x32 5 stages sorted copy": lambda: wgrad_bf16(False),
     "bf16 wgrad dW2 128x256x32 5 stages persistent": lambda: wgrad_bf16(False, persistent=True),
-    "bf16 wgrad dW2 128x256x64 3 stages persistent": lambda: wgrad_bf16(False, persistent=True, block_k=64,
-                                                                       num_stages=3),
+    "bf16 wgrad dW2 128x256x32 3 stages persistent": lambda: wgrad_bf16(False, persistent=True, num_stages=3),
+    "bf16 wgrad dW2 128x128x64 4 stages persistent": lambda: wgrad_bf16(False, persistent=True, block_n=128,
+                                                                       block_k=64, num_stages=4),
     "bf16 wgrad dW1/dW3 64x128x32 5 stages sorted copy": lambda: wgrad_bf16(True, block_m=64, block_n=128,
                                                                            num_warps=4),
-    "bf16 wgrad dW1/dW3 64x128x32 5 stages persistent": lambda: wgrad_bf16(True, persistent=True, block_m=64,
-                                                                          block_n=128, num_warps=4),
+    "bf16 wgrad dW1/dW3 64x128x32 4 stages persistent": lambda: wgrad_bf16(True, persistent=True, block_m=64,
+                                                                          block_n=128, num_warps=4, num_stages=4),
     "bf16 wgrad dW1/dW3 128x128x32 4 stages persistent": lambda: wgrad_bf16(True, persistent=True, block_n=128,
                                                                            num_stages=4),
+    "bf16 wgrad dW1/dW3 128x128x32 4 stages gathered persistent": lambda: wgrad_bf16(
+        True, persistent=True, block_n=128, num_stages=4, copied=False),
     "dx 128 rows 8 warps": lambda: grouped_gemm(128, True),
     "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
     "dgrad q 128 rows 8 warps": lambda: grouped_gemm(128, False, sorted_out=True),

@@ -281,7 +281,7 @@ def test_wgrad_persistent_config_errors():
     cfg = TileConfig(64, 128, 128, 4, 3, tma=True, persistent=1)
     check_tile_config("wgrad_w2", cfg, 128, "fp8")
     for bad in (dataclasses.replace(cfg, tma=False), dataclasses.replace(cfg, sorted_copy=True)):
-        with pytest.raises(ValueError, match="block FP8: without"):
+        with pytest.raises(ValueError, match="block FP8 without sorted_copy"):
             check_tile_config("wgrad_w13", bad, 128, "fp8")
 
 

@@ -1,9 +1,10 @@
 """TileConfig.persistent for the bf16 weight gradients (kernels/wgrad.py `_expert_wgrad_persistent_kernel`):
 resident programs walking their output tiles in one hand-flattened loop, the gathered operand (dout for dW2,
-x for dW1/dW3) read from a copy padded per expert (`sorted_rows.padded_sorted_rows`).
+x for dW1/dW3) gathered by pointer, or (sorted_copy) read from a copy padded per expert
+(`sorted_rows.padded_sorted_rows`).
 
-Per output tile the same reduction blocks in the same order as one program per tile over a sorted copy, so
-the results must be bitwise equal, with far fewer programs than tiles (the interpreter's 2
+Per output tile the same reduction blocks in the same order as one program per tile (gathered, or over a
+sorted copy), so the results must be bitwise equal, with far fewer programs than tiles (the interpreter's 2
 "multiprocessors"), empty experts (one step against the copy's zero block), one hot expert, duplicate
 choices, ragged edges and reductions that are not a whole number of blocks. Outputs are poisoned (NaN) first,
 so a tile left unwritten fails, and so does a padded-copy row the kernel reads but nobody wrote. The CPU runs
@@ -77,8 +78,8 @@ def _run(p, w2_cfg, w13_cfg, out_dtype):
                 *wgrad.expert_wgrad_w13(p["dg"], p["du"], p["x"], p["plan"], out_dtype))
 
 
-def _sorted(cfg, persistent=0):
-    return dataclasses.replace(cfg, tma=True, sorted_copy=True, persistent=persistent)
+def _tma(cfg, copied, persistent=0):
+    return dataclasses.replace(cfg, tma=True, sorted_copy=copied, persistent=persistent)
 
 
 @pytest.mark.parametrize("block", [16, 32, 64])
@@ -101,9 +102,10 @@ def test_padded_sorted_rows_layout(name, block):
         row += padded
 
 
+@pytest.mark.parametrize("copied", [True, False], ids=["padded_copy", "gathered"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_persistent_is_bitwise_one_program_per_tile(name, out_dtype):
+def test_persistent_is_bitwise_one_program_per_tile(name, out_dtype, copied):
     p = _problem(name, seed=1)
     launched = []
     real_launch = wgrad.launch
@@ -113,11 +115,11 @@ def test_persistent_is_bitwise_one_program_per_tile(name, out_dtype):
         return real_launch(kernel, grid, *args, **kw)
 
     for w2_cfg, w13_cfg in zip(W2_TILES, W13_TILES):
-        one = _run(p, _sorted(w2_cfg), _sorted(w13_cfg), out_dtype)
+        one = _run(p, _tma(w2_cfg, copied), _tma(w13_cfg, copied), out_dtype)
         launched.clear()
         try:
             wgrad.launch = spy
-            resident = _run(p, _sorted(w2_cfg, 1), _sorted(w13_cfg, 2), out_dtype)
+            resident = _run(p, _tma(w2_cfg, copied, 1), _tma(w13_cfg, copied, 2), out_dtype)
         finally:
             wgrad.launch = real_launch
         kernels = [k for k, _ in launched if k.startswith("_expert_wgrad")]
@@ -133,7 +135,7 @@ def test_persistent_is_bitwise_one_program_per_tile(name, out_dtype):
 def test_persistent_meets_the_float64_oracle():
     """Not only equal to the other kernel: the FlashAttention rule against float64 (2x torch bf16's error)."""
     p = _problem("skewed", seed=2)
-    dw2, dw1, dw3 = _run(p, _sorted(W2_TILES[0], 1), _sorted(W13_TILES[0], 1), torch.float32)
+    dw2, dw1, dw3 = _run(p, _tma(W2_TILES[0], False, 1), _tma(W13_TILES[0], True, 1), torch.float32)
     plan = p["plan"]
     refs = [oracle.wgrad_w2_reference(p["dout"], p["hs"], plan, dt) for dt in (torch.float64, torch.bfloat16)]
     refs13 = [oracle.wgrad_w13_reference(p["dg"], p["du"], p["x"], plan, dt) for dt in (torch.float64, torch.bfloat16)]
@@ -144,17 +146,17 @@ def test_persistent_meets_the_float64_oracle():
 
 
 def test_persistent_config_errors():
-    """bf16's resident kernel needs both operands through TMA from the (padded) sorted copy; block FP8's needs
-    TMA and no copy (token tiles): a table entry says so at load, a forced config at launch."""
-    resident = TileConfig(64, 128, 32, 4, 4, tma=True, sorted_copy=True, persistent=2)
-    check_tile_config("wgrad_w13", resident, 128, "bf16")
-    for bad, precision in ((dataclasses.replace(resident, sorted_copy=False), "bf16"),
-                           (dataclasses.replace(resident, tma=False, sorted_copy=False), None),
-                           (resident, "fp8"), (dataclasses.replace(resident, warp_specialize=True), "bf16")):
-        with pytest.raises(ValueError, match="weight gradients with tma .bf16: with sorted_copy; block FP8: without"):
+    """The resident kernels read the sorted operand(s) through TMA, without Triton's warp specialisation, and
+    block FP8's reads token tiles (no sorted copy): a table entry says so at load, a forced config too."""
+    resident = TileConfig(64, 128, 32, 4, 4, tma=True, persistent=2)
+    for ok in (resident, dataclasses.replace(resident, sorted_copy=True)):
+        check_tile_config("wgrad_w13", ok, 128, "bf16")
+    for bad, precision in ((dataclasses.replace(resident, tma=False), "bf16"),
+                           (dataclasses.replace(resident, tma=False), None),
+                           (dataclasses.replace(resident, sorted_copy=True), "fp8"),
+                           (dataclasses.replace(resident, sorted_copy=True, warp_specialize=True), "bf16")):
+        with pytest.raises(ValueError, match="weight gradients with tma .block FP8 without sorted_copy."):
             check_tile_config("wgrad_w13", bad, 128, precision)
-    p = _problem("random")
-    fp8_form = TileConfig(16, 32, 16, 4, 1, tma=True, persistent=1)  # valid for a forced config: block FP8's
-    with override_tile_config("wgrad_w2", fp8_form):
-        with pytest.raises(ValueError, match="persistent bf16 weight gradients read both operands through TMA"):
-            wgrad.expert_wgrad_w2(p["dout"], p["hs"], p["plan"], torch.float32)
+        if precision is None:
+            with pytest.raises(ValueError, match="persistent"), override_tile_config("wgrad_w13", bad):
+                pass

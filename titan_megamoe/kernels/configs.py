@@ -48,7 +48,7 @@ class TileConfig:
     # through TMA, so tma too)
     gluon: bool = False
     # gemm2, dx and dgrad's GEMM (with split and tma: then it is the grouped GEMM's), and the weight gradients
-    # (with tma; bf16 with sorted_copy): resident programs per multiprocessor, each walking the tile schedule
+    # (with tma): resident programs per multiprocessor, each walking the tile schedule
     # (grouped_gemm: with one operand pair Triton flattens that loop with the K loop, so the next tile's loads
     # overlap this tile's epilogue; dx's two K loops stay nested; wgrad: one loop flattened by hand); 0: one
     # program per tile. Expert parallelism's symmetric-memory launches (stores to peers, waits for arriving

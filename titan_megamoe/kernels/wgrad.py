@@ -11,9 +11,9 @@ is the sorted position p or, gathered, the plan's source row order[p] // K:
 One program per output tile (expert, m-tile, n-tile), experts heaviest first (`schedule.expert_output_tile`).
 An empty expert runs zero iterations and stores zeros: every output element is written by the kernel,
 nothing relies on a memset. No atomics: the result is bitwise reproducible for a given config.
-Resident programs (`TileConfig.persistent`: bf16 with tma and sorted_copy, block FP8 with tma) walk their
-output tiles in one loop written by hand, one reduction block per step, bitwise the one-program kernels;
-bf16 reads the gathered operand from a copy padded per expert (`sorted_rows.padded_sorted_rows`).
+Resident programs (`TileConfig.persistent`, with tma) walk their output tiles in one loop written by hand,
+one reduction block per step, bitwise the one-program kernels; bf16 reads the gathered operand by pointer or
+(sorted_copy) from a copy padded per expert (`sorted_rows.padded_sorted_rows`).
 
 Block FP8 (`expert_wgrad_w2_fp8`, `expert_wgrad_w13_fp8`): the same products over operands in the
 token-tile layout (`quant.quantize_token_tiles`: e4m3 [C, num_tiles * 128], one fp32 scale per row and
@@ -85,26 +85,30 @@ def _expert_wgrad_kernel(
 
 @triton.jit
 def _expert_wgrad_persistent_kernel(
-    a_src, a2_src, b_src,  # TMA descriptors over A [*, M] (A2), B [*, N]: sorted rows, or the padded copy
-    offsets_ptr, expert_slot_ptr,
+    a_src, a2_src, b_src,  # A [*, M] (A2), B [*, N]: TMA descriptors, but the gathered operand by pointer unless COPIED
+    order_ptr, offsets_ptr, expert_slot_ptr,
     c_ptr, c2_ptr,  # [E, M, N]
-    M, N, num_items, stride_ce, stride_cm,
-    A_PADDED: tl.constexpr, DUAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr,
-    INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
+    M, N, num_items, stride_g, stride_ce, stride_cm,  # stride_g: the gathered operand's row stride (by pointer)
+    TOP_K: tl.constexpr, A_GATHERED: tl.constexpr, COPIED: tl.constexpr, DUAL: tl.constexpr, EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
 ):
-    """`_expert_wgrad_kernel`'s work (bf16, both operands through TMA) as resident programs (TileConfig.persistent),
-    the loop over a program's output tiles and the loop over each tile's reduction blocks written as one loop by
-    hand (as `_expert_wgrad_fp8_persistent_kernel`: Triton flattens a loop nest only when the inner trip count is
-    the same in every outer iteration). Step s takes one BLOCK_K-row block of one output tile, so the pipeliner
-    issues the next tile's first loads while this tile's last MMAs finish and its result is stored.
+    """`_expert_wgrad_kernel`'s bf16 work as resident programs (TileConfig.persistent), the loop over a program's
+    output tiles and the loop over each tile's reduction blocks written as one loop by hand (as
+    `_expert_wgrad_fp8_persistent_kernel`: Triton flattens a loop nest only when the inner trip count is the same
+    in every outer iteration). Step s takes one BLOCK_K-row block of one output tile, so the pipeliner issues the
+    next tile's first loads while this tile's last MMAs finish and its result is stored.
 
-    The gathered operand (dout for dW2: A_PADDED; x for dW1/dW3) comes as `sorted_rows.padded_sorted_rows`:
-    each expert's rows padded with zero rows to whole blocks, so a step needs no mask: the sorted operand's
-    rows past the expert's end (the next expert's, or TMA's zero fill past the last row) meet zero rows. An
-    empty expert takes one step against the copy's leading zero block and stores zeros. Per output tile the
-    same blocks in the same order as the one-program kernel with a sorted copy (`varlen_mainloop`), which zeroes
-    the last partial block in registers instead: the same products, bitwise its result."""
+    The sorted operand(s) come through TMA; their rows past the expert's end (the next expert's, or TMA's zero
+    fill past the last row) must meet zero rows of the gathered operand (dout for dW2: A_GATHERED; x for
+    dW1/dW3), which comes either
+    - COPIED (sorted_copy): as `sorted_rows.padded_sorted_rows`, each expert's rows padded with zero rows to whole
+      blocks, through TMA at the expert's padded offset; an empty expert's single step reads the copy's leading
+      zero block. Per output tile the blocks of the one-program kernel over a sorted copy (which zeroes its last
+      partial block in registers instead): bitwise its result.
+    - or gathered by pointer through the plan's order, rows past the expert's end masked to zero (no copy); an
+      empty expert's single step loads nothing. Bitwise the one-program kernel's gathered form.
+    """
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     steps = resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K,
@@ -115,12 +119,14 @@ def _expert_wgrad_persistent_kernel(
     j = -1  # step within it, advanced at the top of each step from the previous step's pure values (not from
     n_t = 0  # the store below), so that the next step's loads can be issued ahead: the software pipeline
     lo = 0
+    hi = 0
     padded = 0
     expert = 0
     pid_m = 0
     pid_n = 0
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
     for _ in tl.range(0, steps):
         j = tl.where(j == tl.maximum(n_t, 1) - 1, 0, j + 1)
         if j == 0:  # a new output tile
@@ -128,17 +134,32 @@ def _expert_wgrad_persistent_kernel(
             expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(item, M, N, expert_slot_ptr,
                                                                               offsets_ptr, BLOCK_M, BLOCK_N)
             n_t = (hi - lo + BLOCK_K - 1) // BLOCK_K
-            padded = tl.where(n_t > 0, BLOCK_K + BLOCK_K * first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E), 0)
+            if COPIED:
+                padded = tl.where(n_t > 0, BLOCK_K + BLOCK_K * first_token_block(offsets_ptr, expert, BLOCK_K,
+                                                                                 BLOCK_E), 0)
         sorted_row = lo + j * BLOCK_K
-        padded_row = padded + j * BLOCK_K
-        if A_PADDED:
-            a_row, b_row = padded_row, sorted_row
+        if COPIED:
+            if A_GATHERED:
+                a = a_src.load([padded + j * BLOCK_K, pid_m * BLOCK_M])
+            else:
+                b = b_src.load([padded + j * BLOCK_K, pid_n * BLOCK_N])
         else:
-            a_row, b_row = sorted_row, padded_row
-        b = b_src.load([b_row, pid_n * BLOCK_N])
-        acc = mma(tl.trans(a_src.load([a_row, pid_m * BLOCK_M])), b, acc, INTERPRET)
-        if DUAL:
-            acc2 = mma(tl.trans(a2_src.load([a_row, pid_m * BLOCK_M])), b, acc2, INTERPRET)
+            rows = sorted_row + offs_k
+            row_ok = rows < hi
+            tok = (tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K).to(tl.int64)
+            if A_GATHERED:
+                mask = row_ok[:, None] if EVEN_M else row_ok[:, None] & (offs_m < M)[None, :]
+                a = tl.load(a_src + tok[:, None] * stride_g + offs_m[None, :], mask=mask, other=0.0)
+            else:
+                mask = row_ok[:, None] if EVEN_N else row_ok[:, None] & (offs_n < N)[None, :]
+                b = tl.load(b_src + tok[:, None] * stride_g + offs_n[None, :], mask=mask, other=0.0)
+        if A_GATHERED:
+            b = b_src.load([sorted_row, pid_n * BLOCK_N])
+        else:
+            a = a_src.load([sorted_row, pid_m * BLOCK_M])
+        acc = mma(tl.trans(a), b, acc, INTERPRET)
+        if DUAL:  # dW1/dW3: A2 is sorted like A, B shared
+            acc2 = mma(tl.trans(a2_src.load([sorted_row, pid_m * BLOCK_M])), b, acc2, INTERPRET)
         if j == tl.maximum(n_t, 1) - 1:  # the output tile's last step: store it, start the next one from zero
             # (the reset after the store is the form Triton's own loop fusion gives a persistent GEMM: in the sm_90
             # compile the MMAs stay in flight across steps and only this branch waits for them; a reset before the
@@ -239,10 +260,6 @@ def _expert_wgrad_fp8_persistent_kernel(
 
 def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, precision):
     cfg = tile_config(kernel, *dims, precision)
-    if cfg.persistent and not (cfg.tma and cfg.sorted_copy) or cfg.persistent and cfg.warp_specialize:
-        raise ValueError(f"tile config {kernel}: persistent bf16 weight gradients read both operands through TMA, "
-                         f"the gathered one from a padded sorted copy: set tma=True and sorted_copy=True without "
-                         f"warp_specialize, or persistent=0; got {cfg}")
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     dual = a2 is not None  # without DUAL the kernel never reads a2: None, no descriptor built for it
     offsets = plan.offsets_E1
@@ -251,19 +268,22 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
     # TileConfig.persistent: resident programs in one hand-flattened loop; where TMA cannot cover the operands,
     # one program per output tile with pointer loads below (the same result)
     if cfg.persistent and tma_ok(*(t for t in (a, a2, b) if t is not None)):
-        if a_gather:
-            a = padded_sorted_rows(a, plan, bk)
-        else:
-            b = padded_sorted_rows(b, plan, bk)
-        descs = [TensorDescriptor.from_tensor(t, [bk, rows]) if t is not None else None
-                 for t, rows in ((a, bm), (a2, bm), (b, bn))]
+        g = a if a_gather else b
+        stride_g = g.stride(0)
+        if cfg.sorted_copy:
+            g = padded_sorted_rows(g, plan, bk)
+
+        def operand(t, rows):  # a TMA descriptor, except the gathered operand read by pointer (and a2 absent)
+            return t if t is None or (t is g and not cfg.sorted_copy) else TensorDescriptor.from_tensor(t, [bk, rows])
+
+        ops = [operand(g if a_gather else a, bm), operand(a2, bm), operand(b if a_gather else g, bn)]
         launch(
             _expert_wgrad_persistent_kernel, (min(num_items, cfg.persistent * multiprocessors(c.device)),),
-            *descs, offsets, plan.experts_by_load, c, c2, M, N, num_items, c.stride(0), c.stride(1),
-            A_PADDED=a_gather, DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16,
-            INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            *ops, plan.order_N, offsets, plan.experts_by_load, c, c2, M, N, num_items, stride_g, c.stride(0),
+            c.stride(1), TOP_K=plan.rows_per_token, A_GATHERED=a_gather, COPIED=cfg.sorted_copy, DUAL=dual,
+            EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, INTERPRET=INTERPRET,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_E=triton.next_power_of_2(plan.layout.num_experts),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return
     gathered = (a if a_gather else b) if not cfg.sorted_copy else None

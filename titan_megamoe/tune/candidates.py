@@ -79,15 +79,18 @@ _PERSISTENT = {"gemm2": [C(M, 256, 64, 8, 3, **P1), C(M, 128, 64, 8, 4, **P1), C
 for _kernel, _configs in _PERSISTENT.items():
     CANDIDATES[_kernel] = CANDIDATES[_kernel] + _configs
 # the bf16 weight gradients as resident programs (wgrad._expert_wgrad_persistent_kernel: one hand-flattened
-# loop, the gathered operand from a copy padded per expert). The reset after each tile's store keeps a second
-# accumulator-sized value live, so they hold more registers than one program per tile (sm_90 compile, Triton
-# 3.6, fp32 gradients, no spill: dW2 128x256x32 at 3 stages 255 registers and 205 KB, 128x128x64 at 4 stages
-# 198 and 197 KB; dW1/dW3 64x128x32 at 4 stages 222 and 98 KB, two per multiprocessor; 128x128x32 at 4 stages
-# 214 and 164 KB). 128x256 at 5 stages or at 4 warps spills
+# loop), the gathered operand by pointer or from a copy padded per expert (sorted_copy). The reset after each
+# tile's store keeps a second accumulator-sized value live, so they hold more registers than one program per
+# tile (sm_90 compile, Triton 3.6, fp32 gradients, no spill; padded copy / gathered: dW2 128x256x32 at 3
+# stages 255 / 254 registers, 205 / 180 KB; 128x128x64 at 4 stages 198 / 182, 197 / 131 KB; dW1/dW3
+# 64x128x32 at 4 stages 222 / 218, 98 / 66 KB, two per multiprocessor; 128x128x32 at 4 stages 215 / 200,
+# 164 / 115 KB). dW2 at 128x256 with 5 stages or 4 warps spills
 SCP = dict(SC, persistent=1)
-CANDIDATES["wgrad_w2"] += [C(128, 256, 32, 8, 3, **SCP), C(128, 128, 64, 8, 4, **SCP)]
-CANDIDATES["wgrad_w13"] += [C(64, 128, 32, 4, 4, **dict(SC, persistent=2)), C(64, 128, 64, 4, 3, **SCP),
-                            C(128, 128, 32, 8, 4, **SCP)]
+GP = dict(tma=True, persistent=1)
+CANDIDATES["wgrad_w2"] += [C(128, 256, 32, 8, 3, **SCP), C(128, 128, 64, 8, 4, **SCP),
+                           C(128, 256, 32, 8, 3, **GP), C(128, 128, 64, 8, 4, **GP)]
+CANDIDATES["wgrad_w13"] += [C(64, 128, 32, 4, 4, **dict(SC, persistent=2)), C(128, 128, 32, 8, 4, **SCP),
+                            C(64, 128, 32, 4, 4, tma=True, persistent=2), C(128, 128, 32, 8, 4, **GP)]
 # dgrad's own kernel with W2 through TMA and dout gathered by pointer (weight_tma: GEMM1's arrangement)
 WT = dict(split=True, weight_tma=True)
 CANDIDATES["dgrad_swiglu"] += [C(M, 128, 64, 8, 4, **WT), C(M, 128, 32, 8, 4, **WT), C(M, 128, 64, 8, 3, **WT),
