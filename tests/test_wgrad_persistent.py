@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from moe_cases import make_ids
-from test_kernel_wgrad import _patch_interpreter_for_numpy_2_4
+# the weight-gradient tests' device, skip rule, interpreter fix and poisoned outputs (an autouse fixture)
+from test_kernel_wgrad import DEVICE, poison, pytestmark  # noqa: F401
 from titan_megamoe import oracle
 from titan_megamoe.kernels import wgrad
 from titan_megamoe.kernels.common import INTERPRET, multiprocessors
@@ -27,17 +28,6 @@ from titan_megamoe.kernels.configs import TileConfig, override_tile_config
 from titan_megamoe.kernels.routing_meta import build_routing_plan
 from titan_megamoe.kernels.sorted_rows import padded_rows_bound, padded_sorted_rows, sorted_rows
 from titan_megamoe.validation import check_tile_config
-
-if INTERPRET:
-    _patch_interpreter_for_numpy_2_4()
-DEVICE = "cpu" if INTERPRET else "cuda"
-pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU or Triton's interpreter (TRITON_INTERPRET=1)")
-
-
-@pytest.fixture(autouse=True)
-def poison(monkeypatch):
-    monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
 
 
 # name: (T, D, H, E, K, routing)

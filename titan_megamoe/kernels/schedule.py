@@ -111,3 +111,20 @@ def resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_pt
         count = tl.load(offsets_ptr + e + 1, mask=ok, other=0) - tl.load(offsets_ptr + e, mask=ok, other=0)
         steps += tl.sum(tl.where(ok, tl.maximum((count + BLOCK_K - 1) // BLOCK_K, 1), 0), axis=0)
     return steps
+
+
+@triton.jit
+def resident_wgrad_step(j, n_t, item, grid, expert, lo, hi, pid_m, pid_n, offs_m, offs_n, M, N, expert_slot_ptr,
+                        offsets_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The next step of a resident weight-gradient program: step j of its output tile `item`, which has n_t
+    reduction blocks (an empty expert's tile takes one step). On a tile's first step (j == 0) the next output
+    tile is looked up (`expert_output_tile`). The step advances from values the previous step computed
+    without side effects (not from the tile's store), which is what lets the pipeliner issue the next step's
+    loads ahead. Start with j = -1, n_t = 0, item = pid - grid."""
+    j = tl.where(j == tl.maximum(n_t, 1) - 1, 0, j + 1)
+    if j == 0:
+        item += grid
+        expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(item, M, N, expert_slot_ptr, offsets_ptr,
+                                                                          BLOCK_M, BLOCK_N)
+        n_t = (hi - lo + BLOCK_K - 1) // BLOCK_K
+    return j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n

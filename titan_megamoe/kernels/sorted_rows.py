@@ -42,26 +42,33 @@ def _sorted_rows_kernel(
 def sorted_rows(rows_RD: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     """[N, D] copy of the plan's source rows in sorted order: position p holds source row order[p] // K
     (the same values as `plan.sorted_source_rows(rows_RD)`)."""
-    N, K = plan.num_rows, plan.rows_per_token
-    D = rows_RD.shape[1]
+    N, D = plan.num_rows, rows_RD.shape[1]
     out = new_output((N, D), rows_RD.dtype, rows_RD.device)
     if N == 0 or D == 0:
         return out
+    _launch_copy(_sorted_rows_kernel, rows_RD, plan, out, 0)
+    return out
+
+
+def _launch_copy(kernel, rows_RD: torch.Tensor, plan: RoutingPlan, out: torch.Tensor, more_programs: int, *args,
+                 **meta):
+    """A copy kernel's launch: a program per block of source rows and of columns (`row_copy_blocks`), plus
+    `more_programs` along the rows; arguments (source, inv_N, out, source rows, columns, source row stride,
+    *args)."""
     if rows_RD.stride(1) != 1:
         rows_RD = rows_RD.contiguous()
-    num_src = N // K
+    num_src, D = plan.num_rows // plan.rows_per_token, rows_RD.shape[1]
     block_t, block_d = row_copy_blocks(D)
     launch(
-        _sorted_rows_kernel, (triton.cdiv(num_src, block_t), triton.cdiv(D, block_d)),
-        rows_RD, plan.inv_N, out, num_src, D, rows_RD.stride(0), K=K, BLOCK_T=block_t, BLOCK_D=block_d,
-        num_warps=8,
+        kernel, (triton.cdiv(num_src, block_t) + more_programs, triton.cdiv(D, block_d)),
+        rows_RD, plan.inv_N, out, num_src, D, rows_RD.stride(0), *args, K=plan.rows_per_token, BLOCK_T=block_t,
+        BLOCK_D=block_d, num_warps=8, **meta,
     )
-    return out
 
 
 @triton.jit
 def _padded_sorted_rows_kernel(
-    src_ptr, inv_ptr, offsets_ptr, out_ptr, num_src, num_experts, D, stride_src,
+    src_ptr, inv_ptr, out_ptr, num_src, D, stride_src, offsets_ptr, num_experts,
     K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """Programs [0, cdiv(num_src, BLOCK_T)) copy source rows as `_sorted_rows_kernel` does, to row
@@ -111,19 +118,11 @@ def padded_sorted_rows(rows_RD: torch.Tensor, plan: RoutingPlan, block: int) -> 
     values of `sorted_rows`) followed by zero rows up to a whole number of blocks; expert e starts at row
     block * (1 + schedule.first_token_block(e)). Rows past the last expert's padding are not written (the
     bound covers any routing; nothing reads them)."""
-    N, K = plan.num_rows, plan.rows_per_token
-    D = rows_RD.shape[1]
     E = plan.layout.num_experts
-    out = new_output((padded_rows_bound(plan, block), D), rows_RD.dtype, rows_RD.device)
-    if D == 0:
+    out = new_output((padded_rows_bound(plan, block), rows_RD.shape[1]), rows_RD.dtype, rows_RD.device)
+    if rows_RD.shape[1] == 0:
         return out
-    if rows_RD.stride(1) != 1:
-        rows_RD = rows_RD.contiguous()
-    num_src = N // K
-    block_t, block_d = row_copy_blocks(D)
-    launch(
-        _padded_sorted_rows_kernel, (triton.cdiv(num_src, block_t) + E + 1, triton.cdiv(D, block_d)),
-        rows_RD, plan.inv_N, plan.offsets_E1, out, num_src, E, D, rows_RD.stride(0), K=K, BLOCK=block,
-        BLOCK_T=block_t, BLOCK_D=block_d, BLOCK_E=triton.next_power_of_2(E), num_warps=8,
-    )
+    # E + 1 more programs: each expert's zero rows, and the leading zero block
+    _launch_copy(_padded_sorted_rows_kernel, rows_RD, plan, out, E + 1, plan.offsets_E1, E, BLOCK=block,
+                 BLOCK_E=triton.next_power_of_2(E))
     return out

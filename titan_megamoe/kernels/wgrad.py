@@ -38,7 +38,7 @@ from .common import INTERPRET, cast_rne, mma, multiprocessors, new_output, tma_o
 from .launch import launch
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
-from .schedule import expert_output_tile, first_token_block, resident_wgrad_steps
+from .schedule import expert_output_tile, first_token_block, resident_wgrad_step, resident_wgrad_steps
 from .sorted_rows import padded_sorted_rows, sorted_rows
 
 
@@ -115,28 +115,18 @@ def _expert_wgrad_persistent_kernel(
                                  CHUNK)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    item = pid - grid  # the output tile in progress (advanced at its first step)
-    j = -1  # step within it, advanced at the top of each step from the previous step's pure values (not from
-    n_t = 0  # the store below), so that the next step's loads can be issued ahead: the software pipeline
-    lo = 0
-    hi = 0
-    padded = 0
-    expert = 0
-    pid_m = 0
-    pid_n = 0
+    item, j, n_t = pid - grid, -1, 0  # the output tile in progress, its step and step count (resident_wgrad_step)
+    expert, lo, hi, pid_m, pid_n, padded = 0, 0, 0, 0, 0, 0
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     for _ in tl.range(0, steps):
-        j = tl.where(j == tl.maximum(n_t, 1) - 1, 0, j + 1)
-        if j == 0:  # a new output tile
-            item += grid
-            expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(item, M, N, expert_slot_ptr,
-                                                                              offsets_ptr, BLOCK_M, BLOCK_N)
-            n_t = (hi - lo + BLOCK_K - 1) // BLOCK_K
-            if COPIED:
-                padded = tl.where(n_t > 0, BLOCK_K + BLOCK_K * first_token_block(offsets_ptr, expert, BLOCK_K,
-                                                                                 BLOCK_E), 0)
+        j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_step(
+            j, n_t, item, grid, expert, lo, hi, pid_m, pid_n, offs_m, offs_n, M, N, expert_slot_ptr, offsets_ptr,
+            BLOCK_M, BLOCK_N, BLOCK_K)
+        if COPIED and j == 0:  # the new tile's first block in the padded copy (the zero block for an empty expert)
+            padded = tl.where(n_t > 0, BLOCK_K + BLOCK_K * first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E),
+                              0)
         sorted_row = lo + j * BLOCK_K
         if COPIED:
             if A_GATHERED:
@@ -220,22 +210,15 @@ def _expert_wgrad_fp8_persistent_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    item = pid - grid  # the output tile in progress (advanced at the first step)
-    j = -1  # step within it (advanced at the top of each step, so that the next step's loads depend only on
-    n_t = 0  # what the previous step's pure ops computed, not on the store below: else no software pipeline)
-    first = 0
-    expert = 0
-    pid_m = 0
-    pid_n = 0
+    item, j, n_t = pid - grid, -1, 0  # the output tile in progress, its step and step count (resident_wgrad_step)
+    expert, lo, hi, pid_m, pid_n, first = 0, 0, 0, 0, 0, 0
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     for _ in tl.range(0, steps):
-        j = tl.where(j == tl.maximum(n_t, 1) - 1, 0, j + 1)
-        if j == 0:  # a new output tile
-            item += grid
-            expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(item, M, N, expert_slot_ptr,
-                                                                              offsets_ptr, BLOCK_M, BLOCK_N)
-            n_t = (hi - lo + BLOCK_K - 1) // BLOCK_K
+        j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_step(
+            j, n_t, item, grid, expert, lo, hi, pid_m, pid_n, offs_m, offs_n, M, N, expert_slot_ptr, offsets_ptr,
+            BLOCK_M, BLOCK_N, BLOCK_K)
+        if j == 0:  # the new tile's first token tile
             first = first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E)
         t = first + tl.minimum(j, tl.maximum(n_t - 1, 0))
         col = t * BLOCK_K
