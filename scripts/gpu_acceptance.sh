@@ -8,7 +8,7 @@
 # stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
 # the next one still runs. Not in the default: `tune_candidates`, the tile options written but never timed
 # on a GPU, at one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune,
-# for tune_kernels.py --merge).
+# for tune_kernels.py --merge; TUNE_WRITE=1 puts the winners in the table for the stages after it).
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
@@ -47,7 +47,9 @@ gpu_tests() {
 }
 stage gpu_tests "${TESTS_LIMIT:-540}" bash -c "$(declare -f gpu_tests); gpu_tests"
 # the options no GPU has timed yet (dx's pairs in one K loop, the resident weight gradients in bf16 and block FP8),
-# each against the config in use (--only-fields); TUNE_SHAPE (D H E K T) picks the shape, 30B-A3B's by default
+# each against the config in use (--only-fields); TUNE_SHAPE (D H E K T) picks the shape, 30B-A3B's by default.
+# TUNE_WRITE=1: also merge each run's winners into this checkout's table, so that the stages after it in the same
+# call (bench) run them; the table comes back as OUT_DIR/tune/tuned_configs.json
 tune_candidates() {
   local shape=${TUNE_SHAPE:-2048 768 128 8 16384}
   # shellcheck disable=SC2086
@@ -55,8 +57,10 @@ tune_candidates() {
       "--precision fp8 --kernels wgrad_w2 wgrad_w13 --only-fields persistent" \
       "--kernels dx --only-fields pairs_in_one_loop" "--precision fp8 --kernels dx --only-fields pairs_in_one_loop"; do
     echo "--- $shape $args"
-    timeout 240 python3 scripts/tune_kernels.py --shape $shape $args --out "$out/tune" || echo "rc=$?"
+    timeout 240 python3 scripts/tune_kernels.py --shape $shape $args --out "$out/tune" ${TUNE_WRITE:+--write} \
+      || echo "rc=$?"
   done
+  if [ -n "${TUNE_WRITE:-}" ]; then mkdir -p "$out/tune" && cp titan_megamoe/kernels/tuned_configs.json "$out/tune/"; fi
 }
 stage tune_candidates 590 bash -c "out=$out; $(declare -f tune_candidates); tune_candidates"
 stage symm_mem_one_gpu 120 python3 scripts/symm_mem_one_gpu.py --out "$out"
