@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements the docs quote, in one go (one H200; about 20 minutes):
 #   1. every GPU test file, 2. the symmetric-memory transport as one rank, 3. the row kernels alone,
-#   4. the per-layer benchmark (JSON under docs/results/), 5. the A/B on the debug model (30 steps),
+#   4. the per-layer benchmark (its JSON in OUT_DIR, for docs/results/), 5. the A/B on the debug model (30 steps),
 #   6. the A/B on Qwen3-30B-A3B shapes on one GPU (50 steps).
 # Usage: [STAGES="gpu_tests bench ..."] scripts/gpu_acceptance.sh OUT_DIR. STAGES picks stages by name
 # (default: all six, in this order), so a machine lent for 10 minutes at a time can run them in turns. Each
@@ -65,7 +65,10 @@ tune_candidates() {
 stage tune_candidates 590 bash -c "out=$out; $(declare -f tune_candidates); tune_candidates"
 stage symm_mem_one_gpu 120 python3 scripts/symm_mem_one_gpu.py --out "$out"
 stage row_kernels 120 python3 scripts/bench_row_kernels.py --out "$out"
-stage bench 560 python3 scripts/bench_layer.py --sac --iters 20 --precision bf16,fp8,fp8_bwd --max-seconds 480
+# BENCH_CASES="30b-16k ...": only those cases (a quick before/after beside tune_candidates), BENCH_PRECISION likewise
+# shellcheck disable=SC2086
+stage bench 560 python3 scripts/bench_layer.py --sac --iters 20 --precision "${BENCH_PRECISION:-bf16,fp8,fp8_bwd}" \
+  --max-seconds 480 ${BENCH_CASES:+--cases $BENCH_CASES} --out "$out"
 stage ab_debug 130 python3 -m titan_megamoe.cli ab --config qwen3_moe_debug.toml --steps 30 --warmup 5 \
   --no-deterministic --out "$out/ab_debug"
 stage ab_30b_1gpu "${AB30_LIMIT:-290}" python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps 50 \
