@@ -138,20 +138,21 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
 
 
 def wgrad_fp8(dual: bool, persistent: bool = False, block_m: int = 64, block_n: int = 128, num_warps: int = 4,
-              num_stages: int = 3):
+              num_stages: int = 3, out: str = "bf16"):
     """The block-FP8 weight gradient (dW2, or dW1/dW3 with `dual`) over TMA token tiles; `persistent`: the
-    resident programs' hand-flattened loop (`wgrad._expert_wgrad_fp8_persistent_kernel`)."""
+    resident programs' hand-flattened loop (`wgrad._expert_wgrad_fp8_persistent_kernel`), storing through TMA.
+    `out`: the gradients' dtype."""
     from titan_megamoe.kernels import wgrad
 
     fn = wgrad._expert_wgrad_fp8_persistent_kernel if persistent else wgrad._expert_wgrad_fp8_kernel
+    c = {"c_desc": f"tensordesc<{out}[1, {block_m}, {block_n}]>"} if persistent else {"c_ptr": f"*{out}"}
     sig = {"a_src": _fp8_desc(block_m), "b_src": _fp8_desc(block_n), **_types("a_scale_ptr b_scale_ptr", "*fp32"),
-           **_types("offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": "*bf16",
-           **_types("M N stride_sa stride_sb stride_ce stride_cm", "i32"),
-           **({"num_items": "i32"} if persistent else _types("stride_a stride_b", "i32"))}
+           **_types("offsets_ptr expert_slot_ptr", "*i32"), **c, **_types("M N stride_sa stride_sb", "i32"),
+           **({"num_items": "i32"} if persistent else _types("stride_a stride_b stride_ce stride_cm", "i32"))}
     if dual:
-        sig.update(a2_src=_fp8_desc(block_m), a2_scale_ptr="*fp32", c2_ptr="*bf16")
-    const = dict(DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128,
-                 BLOCK_E=128, **({"CHUNK": 256} if persistent else {"TMA": True}))
+        sig.update(a2_src=_fp8_desc(block_m), a2_scale_ptr="*fp32", **{f"c2_{k[2:]}": v for k, v in c.items()})
+    const = dict(DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=out == "bf16", BLOCK_M=block_m, BLOCK_N=block_n,
+                 BLOCK_K=128, BLOCK_E=128, **({"CHUNK": 256} if persistent else {"TMA": True}))
     return _row_kernel(fn, sig, const, num_warps, num_stages)
 
 
@@ -167,11 +168,13 @@ def wgrad_bf16(dual: bool, persistent: bool = False, block_m: int = 128, block_n
     a, b = f"tensordesc<bf16[{block_k}, {block_m}]>", f"tensordesc<bf16[{block_k}, {block_n}]>"
     if not copied:  # the gathered operand by pointer: A for dW2, B for dW1/dW3
         a, b = (a, "*bf16") if dual else ("*bf16", b)
-    names = ("a_src", "a2_src", "b_src") if persistent else ("a_ptr", "a2_ptr", "b_ptr")
-    sig = {names[0]: a, names[2]: b, **_types("order_ptr offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": f"*{out}",
-           **_types("M N stride_ce stride_cm", "i32")}
+    names = ("a_src", "a2_src", "b_src", "c_desc", "c2_desc") if persistent else (
+        "a_ptr", "a2_ptr", "b_ptr", "c_ptr", "c2_ptr")
+    c = f"tensordesc<{out}[1, {block_m}, {block_n}]>" if persistent else f"*{out}"  # outputs through TMA, or pointers
+    sig = {names[0]: a, names[2]: b, **_types("order_ptr offsets_ptr expert_slot_ptr", "*i32"), names[3]: c,
+           **_types("M N", "i32")}
     if dual:
-        sig.update({names[1]: a, "c2_ptr": f"*{out}"})
+        sig.update({names[1]: a, names[4]: c})
     const = dict(TOP_K=8, DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=out == "bf16", BLOCK_M=block_m,
                  BLOCK_N=block_n, BLOCK_K=block_k)
     if persistent:
@@ -180,7 +183,7 @@ def wgrad_bf16(dual: bool, persistent: bool = False, block_m: int = 128, block_n
         const.update(A_GATHERED=not dual, COPIED=copied, BLOCK_E=128, CHUNK=256)
     else:
         fn = wgrad._expert_wgrad_kernel
-        sig.update(_types("stride_a stride_b", "i32"))
+        sig.update(_types("stride_a stride_b stride_ce stride_cm", "i32"))
         const.update(A_GATHER=not copied and not dual, B_GATHER=not copied and dual, SORTED_TMA=True, WS=False)
     return _row_kernel(fn, sig, const, num_warps, num_stages)
 

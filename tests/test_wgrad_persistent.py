@@ -14,6 +14,7 @@ with the tuning candidates' tiles."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -150,3 +151,53 @@ def test_persistent_config_errors():
         if precision is None:
             with pytest.raises(ValueError, match="persistent"), override_tile_config("wgrad_w13", bad):
                 pass
+
+
+# Runs in a fresh process (under TRITON_INTERPRET nothing compiles): every resident bf16 weight-gradient candidate
+# of the tuner, compiled for sm_90 on the CPU as it launches, with fp32 gradients (1-GPU TorchTitan's fp32 master
+# weights: the largest output staging tile in shared memory)
+_SM90_CANDIDATES = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from sm90_resources import wgrad_bf16, wgrad_fp8
+from titan_megamoe.tune.candidates import CANDIDATES, CANDIDATES_FP8
+
+out = {}
+for precision, table in (("bf16", CANDIDATES), ("fp8", CANDIDATES_FP8)):
+    for kernel in ("wgrad_w2", "wgrad_w13"):
+        for c in table[kernel]:
+            if not c.persistent:
+                continue
+            shape = dict(persistent=True, block_m=c.block_m, block_n=c.block_n, num_warps=c.num_warps,
+                         num_stages=c.num_stages, out="fp32")
+            res = (wgrad_bf16(kernel == "wgrad_w13", block_k=c.block_k, copied=c.sorted_copy, **shape)
+                   if precision == "bf16" else wgrad_fp8(kernel == "wgrad_w13", **shape))
+            out[f"{precision} {kernel} {c.block_m}x{c.block_n}x{c.block_k} {c.num_warps}w {c.num_stages}s "
+                f"copied={c.sorted_copy} persistent={c.persistent}"] = dict(res, warps=c.num_warps, per_sm=c.persistent)
+print(json.dumps(out))
+"""
+SMEM_PER_BLOCK, SMEM_PER_SM, REGS_PER_SM = 232448, 233472, 65536  # sm_90: 227 KB a block, 228 KB a multiprocessor
+
+
+@pytest.mark.skipif(not INTERPRET, reason="CPU compile check (the GPU runs the kernels instead)")
+def test_resident_candidates_compile_and_fit_on_sm90():
+    """Each candidate (bf16, and block FP8's) lowers to wgmma, spills nothing, and its `persistent` programs fit
+    on a multiprocessor in registers and shared memory with fp32 gradients: a config that fits only with bf16
+    gradients would fail to launch in a training step. bf16 keeps its MMAs in flight across steps (a wait_group
+    above 0 in the loop); block FP8 waits for each token tile's product to scale it (the promotion)."""
+    from moe_cases import sm90_compile_results
+
+    results = sm90_compile_results(_SM90_CANDIDATES, timeout=600)
+    assert sum(name.startswith("bf16") for name in results) >= 6 and any(n.startswith("fp8") for n in results)
+    for name, r in results.items():
+        regs = int(re.search(r"REG:(\d+)", r["usage"]).group(1))
+        stack = int(re.search(r"STACK:(\d+)", r["usage"]).group(1))
+        assert r["wgmma_ir"] and r["hgmma"] + r["qgmma"] > 0, f"{name}: no wgmma"
+        if name.startswith("bf16"):
+            assert max(int(w) for w in r["wgmma_waits"]) > 0, f"{name}: every MMA waited for ({r['wgmma_waits']})"
+        assert stack == 0, f"{name}: {stack} bytes of spill"
+        assert r["smem"] <= SMEM_PER_BLOCK, f"{name}: {r['smem']} bytes of shared memory"
+        # (each program also holds the 1 KB the driver reserves per block)
+        assert r["per_sm"] * (r["smem"] + 1024) <= SMEM_PER_SM, f"{name}: {r['per_sm']} programs do not fit in " \
+                                                                 f"shared memory"
+        assert r["per_sm"] * regs * 32 * r["warps"] <= REGS_PER_SM, f"{name}: {r['per_sm']} x {regs} registers"

@@ -63,6 +63,16 @@ def _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride
 
 
 @triton.jit
+def _store_tile(c_desc, acc, expert, pid_m, pid_n, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store one accumulator tile through a TMA descriptor over [E, M, N] (blocks [1, BLOCK_M, BLOCK_N]),
+    rounded as `_store_output` rounds it."""
+    if OUT_BF16:
+        acc = cast_rne(acc, tl.bfloat16, INTERPRET)
+    c_desc.store([expert, pid_m * BLOCK_M, pid_n * BLOCK_N], acc.reshape(1, BLOCK_M, BLOCK_N).to(c_desc.dtype))
+
+
+@triton.jit
 def _expert_wgrad_kernel(
     a_ptr, a2_ptr, b_ptr,  # A [*, M] and B [*, N] rows (pointers, or a TMA descriptor for the sorted one)
     order_ptr, offsets_ptr, expert_slot_ptr,
@@ -87,8 +97,8 @@ def _expert_wgrad_kernel(
 def _expert_wgrad_persistent_kernel(
     a_src, a2_src, b_src,  # A [*, M] (A2), B [*, N]: TMA descriptors, but the gathered operand by pointer unless COPIED
     order_ptr, offsets_ptr, expert_slot_ptr,
-    c_ptr, c2_ptr,  # [E, M, N]
-    M, N, num_items, stride_g, stride_ce, stride_cm,  # stride_g: the gathered operand's row stride (by pointer)
+    c_desc, c2_desc,  # TMA descriptors over the outputs [E, M, N], blocks [1, BLOCK_M, BLOCK_N]
+    M, N, num_items, stride_g,  # stride_g: the gathered operand's row stride (by pointer)
     TOP_K: tl.constexpr, A_GATHERED: tl.constexpr, COPIED: tl.constexpr, DUAL: tl.constexpr, EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
@@ -153,9 +163,13 @@ def _expert_wgrad_persistent_kernel(
         if j == tl.maximum(n_t, 1) - 1:  # the output tile's last step: store it, start the next one from zero
             # (the reset after the store is the form Triton's own loop fusion gives a persistent GEMM: in the sm_90
             # compile the MMAs stay in flight across steps and only this branch waits for them; a reset before the
-            # MMA waited at every step)
-            _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride_ce, stride_cm, DUAL,
-                          EVEN_M, EVEN_N, OUT_BF16, INTERPRET)
+            # MMA waited at every step). The tile leaves through TMA (rows past M, columns past N clipped at the
+            # expert's edge by the 3-d descriptor): the store drains while the next tile's MMAs run, and it holds
+            # far fewer registers than pointer stores from a converted layout (sm_90 compile: dW2 128x256 177
+            # against 255, dW1/dW3 64x128 165 against 222)
+            _store_tile(c_desc, acc, expert, pid_m, pid_n, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
+            if DUAL:
+                _store_tile(c2_desc, acc2, expert, pid_m, pid_n, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
@@ -189,8 +203,8 @@ def _expert_wgrad_fp8_persistent_kernel(
     a_src, a2_src, b_src,  # TMA descriptors over the e4m3 token tiles A [M, P], A2 [M, P], B [N, P]
     a_scale_ptr, a2_scale_ptr, b_scale_ptr,  # fp32 [M, P / 128], [N, P / 128]
     offsets_ptr, expert_slot_ptr,
-    c_ptr, c2_ptr,  # [E, M, N]
-    M, N, num_items, stride_sa, stride_sb, stride_ce, stride_cm,
+    c_desc, c2_desc,  # TMA descriptors over the outputs [E, M, N], blocks [1, BLOCK_M, BLOCK_N]
+    M, N, num_items, stride_sa, stride_sb,
     DUAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr,
     INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
@@ -235,8 +249,9 @@ def _expert_wgrad_fp8_persistent_kernel(
             a2 = a2_src.load([pid_m * BLOCK_M, col])
             acc2 += mma(a2, tl.trans(b), zero, INTERPRET) * sa2[:, None] * sb
         if j == tl.maximum(n_t, 1) - 1:  # the output tile's last step: store it, start the next one from zero
-            _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride_ce, stride_cm, DUAL,
-                          EVEN_M, EVEN_N, OUT_BF16, INTERPRET)
+            _store_tile(c_desc, acc, expert, pid_m, pid_n, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
+            if DUAL:
+                _store_tile(c2_desc, acc2, expert, pid_m, pid_n, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
@@ -250,7 +265,7 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
     num_items = plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn)
     # TileConfig.persistent: resident programs in one hand-flattened loop; where TMA cannot cover the operands,
     # one program per output tile with pointer loads below (the same result)
-    if cfg.persistent and tma_ok(*(t for t in (a, a2, b) if t is not None)):
+    if cfg.persistent and tma_ok(*(t for t in (a, a2, b, *outs) if t is not None)):
         g = a if a_gather else b
         stride_g = g.stride(0)
         if cfg.sorted_copy:
@@ -260,13 +275,15 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
             return t if t is None or (t is g and not cfg.sorted_copy) else TensorDescriptor.from_tensor(t, [bk, rows])
 
         ops = [operand(g if a_gather else a, bm), operand(a2, bm), operand(b if a_gather else g, bn)]
+        out_descs = [TensorDescriptor.from_tensor(c, [1, bm, bn]),  # [E, M, N]: tiles clipped at the expert's edge
+                     TensorDescriptor.from_tensor(c2, [1, bm, bn]) if dual else None]
         launch(
             _expert_wgrad_persistent_kernel, (min(num_items, cfg.persistent * multiprocessors(c.device)),),
-            *ops, plan.order_N, offsets, plan.experts_by_load, c, c2, M, N, num_items, stride_g, c.stride(0),
-            c.stride(1), TOP_K=plan.rows_per_token, A_GATHERED=a_gather, COPIED=cfg.sorted_copy, DUAL=dual,
-            EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, INTERPRET=INTERPRET,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_E=triton.next_power_of_2(plan.layout.num_experts),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            *ops, plan.order_N, offsets, plan.experts_by_load, *out_descs, M, N, num_items, stride_g,
+            TOP_K=plan.rows_per_token, A_GATHERED=a_gather, COPIED=cfg.sorted_copy, DUAL=dual, EVEN_M=M % bm == 0,
+            EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_K=bk, BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
         return
     gathered = (a if a_gather else b) if not cfg.sorted_copy else None
@@ -384,11 +401,13 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
     # TileConfig.persistent: resident programs, one hand-flattened loop (TMA only: the step's token tile may
     # lie past the last real one for an empty expert, which TMA fills with zeros); pointer loads where TMA
     # cannot cover the operands, one program per output tile: the same result
-    if cfg.persistent and tma:
+    if cfg.persistent and tma and tma_ok(*outs):
+        out_descs = [TensorDescriptor.from_tensor(c, [1, bm, bn]),  # [E, M, N]: tiles clipped at the expert's edge
+                     TensorDescriptor.from_tensor(c2, [1, bm, bn]) if dual else None]
         launch(
             _expert_wgrad_fp8_persistent_kernel, (min(grid[0], cfg.persistent * multiprocessors(c.device)),),
-            *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,
-            grid[0], a.scale.stride(0), b.scale.stride(0), c.stride(0), c.stride(1),
+            *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load, *out_descs,
+            M, N, grid[0], a.scale.stride(0), b.scale.stride(0),
             DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16,
             INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
             BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
