@@ -93,9 +93,14 @@ def test_padded_sorted_rows_layout(name, block):
         row += padded
 
 
-@pytest.mark.parametrize("copied", [True, False], ids=["padded_copy", "gathered"])
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", list(SHAPES))
+# every shape with fp32 gradients; bf16's rounding on two shapes in the interpreter (CI time), all on a GPU
+BITWISE_CASES = [(name, dtype, copied) for name in SHAPES for dtype in (torch.float32, torch.bfloat16)
+                 for copied in (True, False)
+                 if dtype == torch.float32 or not INTERPRET or name in ("random", "empty_experts")]
+
+
+@pytest.mark.parametrize("name, out_dtype, copied", BITWISE_CASES,
+                         ids=[f"{n}-{str(d)[6:]}-{'padded_copy' if c else 'gathered'}" for n, d, c in BITWISE_CASES])
 def test_persistent_is_bitwise_one_program_per_tile(name, out_dtype, copied):
     p = _problem(name, seed=1)
     launched = []
