@@ -151,8 +151,8 @@ def wgrad_fp8(dual: bool, persistent: bool = False, block_m: int = 64, block_n: 
            **({"num_items": "i32"} if persistent else _types("stride_a stride_b stride_ce stride_cm", "i32"))}
     if dual:
         sig.update(a2_src=_fp8_desc(block_m), a2_scale_ptr="*fp32", **{f"c2_{k[2:]}": v for k, v in c.items()})
-    const = dict(DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=out == "bf16", BLOCK_M=block_m, BLOCK_N=block_n,
-                 BLOCK_K=128, BLOCK_E=128, **({"CHUNK": 256} if persistent else {"TMA": True}))
+    const = dict(DUAL=dual, OUT_BF16=out == "bf16", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, BLOCK_E=128,
+                 **({"CHUNK": 256} if persistent else {"TMA": True, "EVEN_M": True, "EVEN_N": True}))
     return _row_kernel(fn, sig, const, num_warps, num_stages)
 
 

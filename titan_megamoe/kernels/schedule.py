@@ -97,11 +97,15 @@ def first_token_block(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.co
 
 
 @triton.jit
-def resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK: tl.constexpr = 256):
-    """Steps of a resident weight-gradient program (one hand-flattened loop over its output tiles pid,
-    pid + grid, ... and their reduction blocks): each tile's BLOCK_K-row block count, at least 1 (an empty
-    expert takes one step that adds nothing and stores its zeros)."""
+def resident_wgrad_start(num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, CHUNK: tl.constexpr = 256):
+    """A resident weight-gradient program's step count and the state its first `resident_wgrad_step` advances
+    from: (steps, j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n). The program's output tiles are
+    pid, pid + grid, ... (one hand-flattened loop over them and their reduction blocks); its steps are each
+    tile's BLOCK_K-row block count, at least 1 (an empty expert takes one step that adds nothing and stores its
+    zeros)."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
     tiles_mn = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     steps = 0
     for c0 in range(0, tl.cdiv(num_items - pid, grid), CHUNK):
@@ -110,7 +114,7 @@ def resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_pt
         e = tl.load(expert_slot_ptr + w // tiles_mn, mask=ok, other=0)
         count = tl.load(offsets_ptr + e + 1, mask=ok, other=0) - tl.load(offsets_ptr + e, mask=ok, other=0)
         steps += tl.sum(tl.where(ok, tl.maximum((count + BLOCK_K - 1) // BLOCK_K, 1), 0), axis=0)
-    return steps
+    return steps, -1, 0, pid - grid, 0, 0, 0, 0, 0, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -120,7 +124,7 @@ def resident_wgrad_step(j, n_t, item, grid, expert, lo, hi, pid_m, pid_n, offs_m
     reduction blocks (an empty expert's tile takes one step). On a tile's first step (j == 0) the next output
     tile is looked up (`expert_output_tile`). The step advances from values the previous step computed
     without side effects (not from the tile's store), which is what lets the pipeliner issue the next step's
-    loads ahead. Start with j = -1, n_t = 0, item = pid - grid."""
+    loads ahead. The first step advances from `resident_wgrad_start`'s state."""
     j = tl.where(j == tl.maximum(n_t, 1) - 1, 0, j + 1)
     if j == 0:
         item += grid

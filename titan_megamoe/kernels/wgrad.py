@@ -38,7 +38,7 @@ from .common import INTERPRET, cast_rne, mma, multiprocessors, new_output, tma_o
 from .launch import launch
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
-from .schedule import expert_output_tile, first_token_block, resident_wgrad_step, resident_wgrad_steps
+from .schedule import expert_output_tile, first_token_block, resident_wgrad_start, resident_wgrad_step
 from .sorted_rows import padded_sorted_rows, sorted_rows
 
 
@@ -63,13 +63,17 @@ def _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride
 
 
 @triton.jit
-def _store_tile(c_desc, acc, expert, pid_m, pid_n, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store one accumulator tile through a TMA descriptor over [E, M, N] (blocks [1, BLOCK_M, BLOCK_N]),
-    rounded as `_store_output` rounds it."""
+def _store_tiles(c_desc, c2_desc, acc, acc2, expert, pid_m, pid_n, DUAL: tl.constexpr, OUT_BF16: tl.constexpr,
+                 INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The resident kernels' `_store_output`: the accumulator tile(s) through TMA descriptors over [E, M, N]
+    (blocks [1, BLOCK_M, BLOCK_N], clipped at the expert's edge), rounded as `_store_output` rounds them."""
     if OUT_BF16:
         acc = cast_rne(acc, tl.bfloat16, INTERPRET)
     c_desc.store([expert, pid_m * BLOCK_M, pid_n * BLOCK_N], acc.reshape(1, BLOCK_M, BLOCK_N).to(c_desc.dtype))
+    if DUAL:
+        if OUT_BF16:
+            acc2 = cast_rne(acc2, tl.bfloat16, INTERPRET)
+        c2_desc.store([expert, pid_m * BLOCK_M, pid_n * BLOCK_N], acc2.reshape(1, BLOCK_M, BLOCK_N).to(c2_desc.dtype))
 
 
 @triton.jit
@@ -119,16 +123,12 @@ def _expert_wgrad_persistent_kernel(
     - or gathered by pointer through the plan's order, rows past the expert's end masked to zero (no copy); an
       empty expert's single step loads nothing. Bitwise the one-program kernel's gathered form.
     """
-    pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    steps = resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K,
-                                 CHUNK)
+    steps, j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_start(
+        num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    item, j, n_t = pid - grid, -1, 0  # the output tile in progress, its step and step count (resident_wgrad_step)
-    expert, lo, hi, pid_m, pid_n, padded = 0, 0, 0, 0, 0, 0
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
+    padded = 0
     offs_k = tl.arange(0, BLOCK_K)
     for _ in tl.range(0, steps):
         j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_step(
@@ -167,9 +167,7 @@ def _expert_wgrad_persistent_kernel(
             # expert's edge by the 3-d descriptor): the store drains while the next tile's MMAs run, and it holds
             # far fewer registers than pointer stores from a converted layout (sm_90 compile: dW2 128x256 177
             # against 255, dW1/dW3 64x128 165 against 222)
-            _store_tile(c_desc, acc, expert, pid_m, pid_n, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
-            if DUAL:
-                _store_tile(c2_desc, acc2, expert, pid_m, pid_n, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
+            _store_tiles(c_desc, c2_desc, acc, acc2, expert, pid_m, pid_n, DUAL, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
@@ -205,7 +203,7 @@ def _expert_wgrad_fp8_persistent_kernel(
     offsets_ptr, expert_slot_ptr,
     c_desc, c2_desc,  # TMA descriptors over the outputs [E, M, N], blocks [1, BLOCK_M, BLOCK_N]
     M, N, num_items, stride_sa, stride_sb,
-    DUAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr,
+    DUAL: tl.constexpr, OUT_BF16: tl.constexpr,
     INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
 ):
@@ -217,17 +215,13 @@ def _expert_wgrad_fp8_persistent_kernel(
     pipeliner can issue the next tile's first TMA loads while this one's last products are scaled and
     stored. An empty expert takes one step with zero scales (zeros stored, as the one-program kernel stores
     them). Per output tile the same products in the same order as `token_tile_mainloop`: bitwise its result."""
-    pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    steps = resident_wgrad_steps(pid, grid, num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K,
-                                 CHUNK)
+    steps, j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_start(
+        num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    item, j, n_t = pid - grid, -1, 0  # the output tile in progress, its step and step count (resident_wgrad_step)
-    expert, lo, hi, pid_m, pid_n, first = 0, 0, 0, 0, 0, 0
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
+    first = 0
     for _ in tl.range(0, steps):
         j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_step(
             j, n_t, item, grid, expert, lo, hi, pid_m, pid_n, offs_m, offs_n, M, N, expert_slot_ptr, offsets_ptr,
@@ -249,11 +243,16 @@ def _expert_wgrad_fp8_persistent_kernel(
             a2 = a2_src.load([pid_m * BLOCK_M, col])
             acc2 += mma(a2, tl.trans(b), zero, INTERPRET) * sa2[:, None] * sb
         if j == tl.maximum(n_t, 1) - 1:  # the output tile's last step: store it, start the next one from zero
-            _store_tile(c_desc, acc, expert, pid_m, pid_n, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
-            if DUAL:
-                _store_tile(c2_desc, acc2, expert, pid_m, pid_n, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
+            _store_tiles(c_desc, c2_desc, acc, acc2, expert, pid_m, pid_n, DUAL, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+def _output_descriptors(c, c2, dual: bool, bm: int, bn: int):
+    """The resident kernels' outputs: TMA descriptors over [E, M, N] (each tile clipped at its expert's edge),
+    the second only with DUAL."""
+    return (TensorDescriptor.from_tensor(c, [1, bm, bn]),
+            TensorDescriptor.from_tensor(c2, [1, bm, bn]) if dual else None)
 
 
 def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, precision):
@@ -263,8 +262,8 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
     offsets = plan.offsets_E1
     c, c2 = outs[0], outs[-1]
     num_items = plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    # TileConfig.persistent: resident programs in one hand-flattened loop; where TMA cannot cover the operands,
-    # one program per output tile with pointer loads below (the same result)
+    # TileConfig.persistent: resident programs in one hand-flattened loop; where TMA cannot cover the operands or
+    # the outputs, one program per output tile with pointer loads below (the same result)
     if cfg.persistent and tma_ok(*(t for t in (a, a2, b, *outs) if t is not None)):
         g = a if a_gather else b
         stride_g = g.stride(0)
@@ -275,11 +274,10 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
             return t if t is None or (t is g and not cfg.sorted_copy) else TensorDescriptor.from_tensor(t, [bk, rows])
 
         ops = [operand(g if a_gather else a, bm), operand(a2, bm), operand(b if a_gather else g, bn)]
-        out_descs = [TensorDescriptor.from_tensor(c, [1, bm, bn]),  # [E, M, N]: tiles clipped at the expert's edge
-                     TensorDescriptor.from_tensor(c2, [1, bm, bn]) if dual else None]
         launch(
             _expert_wgrad_persistent_kernel, (min(num_items, cfg.persistent * multiprocessors(c.device)),),
-            *ops, plan.order_N, offsets, plan.experts_by_load, *out_descs, M, N, num_items, stride_g,
+            *ops, plan.order_N, offsets, plan.experts_by_load, *_output_descriptors(c, c2, dual, bm, bn), M, N,
+            num_items, stride_g,
             TOP_K=plan.rows_per_token, A_GATHERED=a_gather, COPIED=cfg.sorted_copy, DUAL=dual, EVEN_M=M % bm == 0,
             EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn,
             BLOCK_K=bk, BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
@@ -400,15 +398,13 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     # TileConfig.persistent: resident programs, one hand-flattened loop (TMA only: the step's token tile may
     # lie past the last real one for an empty expert, which TMA fills with zeros); pointer loads where TMA
-    # cannot cover the operands, one program per output tile: the same result
+    # cannot cover the operands or the outputs, one program per output tile: the same result
     if cfg.persistent and tma and tma_ok(*outs):
-        out_descs = [TensorDescriptor.from_tensor(c, [1, bm, bn]),  # [E, M, N]: tiles clipped at the expert's edge
-                     TensorDescriptor.from_tensor(c2, [1, bm, bn]) if dual else None]
         launch(
             _expert_wgrad_fp8_persistent_kernel, (min(grid[0], cfg.persistent * multiprocessors(c.device)),),
-            *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load, *out_descs,
-            M, N, grid[0], a.scale.stride(0), b.scale.stride(0),
-            DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16,
+            *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load,
+            *_output_descriptors(c, c2, dual, bm, bn), M, N, grid[0], a.scale.stride(0), b.scale.stride(0),
+            DUAL=dual, OUT_BF16=c.dtype == torch.bfloat16,
             INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
             BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,

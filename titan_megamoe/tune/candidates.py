@@ -87,11 +87,10 @@ for _kernel, _configs in _PERSISTENT.items():
 # stages 165 / 182, 98 / 66 KB, two per multiprocessor; 128x128x32 at 4 stages 184 / 184, 164 / 115 KB
 # (tests/test_wgrad_persistent.py compiles each and checks that `persistent` programs fit)
 SCP = dict(SC, persistent=1)
-GP = dict(tma=True, persistent=1)
 CANDIDATES["wgrad_w2"] += [C(128, 256, 32, 8, 3, **SCP), C(128, 128, 64, 8, 4, **SCP),
-                           C(128, 256, 32, 8, 3, **GP), C(128, 128, 64, 8, 4, **GP)]
+                           C(128, 256, 32, 8, 3, **P1), C(128, 128, 64, 8, 4, **P1)]
 CANDIDATES["wgrad_w13"] += [C(64, 128, 32, 4, 4, **dict(SC, persistent=2)), C(128, 128, 32, 8, 4, **SCP),
-                            C(64, 128, 32, 4, 4, tma=True, persistent=2), C(128, 128, 32, 8, 4, **GP)]
+                            C(64, 128, 32, 4, 4, **dict(P1, persistent=2)), C(128, 128, 32, 8, 4, **P1)]
 # dgrad's own kernel with W2 through TMA and dout gathered by pointer (weight_tma: GEMM1's arrangement)
 WT = dict(split=True, weight_tma=True)
 CANDIDATES["dgrad_swiglu"] += [C(M, 128, 64, 8, 4, **WT), C(M, 128, 32, 8, 4, **WT), C(M, 128, 64, 8, 3, **WT),
@@ -113,10 +112,9 @@ _FP8_WGRAD = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F
 # fp32 gradients: dW2 221 registers and 107 KB at 3 stages, two per multiprocessor, 132 KB at 4; dW1/dW3 254
 # registers and 132 KB at 3 stages, one per multiprocessor: two fit only with bf16 gradients, and a config must
 # launch with either; at 4 stages Triton 3.9 spills)
-P = dict(tma=True)
-_FP8_WGRAD_W2 = _FP8_WGRAD + [C(64, 128, F, 4, 3, persistent=2, **P), C(64, 128, F, 4, 4, persistent=1, **P),
-                              C(64, 128, F, 4, 3, persistent=1, **P)]
-_FP8_WGRAD_W13 = _FP8_WGRAD + [C(64, 128, F, 4, 3, persistent=1, **P)]
+_FP8_WGRAD_W2 = _FP8_WGRAD + [C(64, 128, F, 4, 3, persistent=2, **T_), C(64, 128, F, 4, 4, **P1),
+                              C(64, 128, F, 4, 3, **P1)]
+_FP8_WGRAD_W13 = _FP8_WGRAD + [C(64, 128, F, 4, 3, **P1)]
 # persistent: 64-row, 4-warp programs hold ~210 registers and ~106 KB of shared memory at 4 stages in
 # the sm_90 compile (Triton 3.6), so two fit on a multiprocessor
 _FP8_PERSISTENT = [C(64, 128, F, 4, 4, tma=True, persistent=2), C(64, 128, F, 4, 3, tma=True, persistent=2),
