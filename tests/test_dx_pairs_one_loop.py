@@ -39,13 +39,15 @@ def _dx_case(precision: str, T: int, D: int, H: int, E: int, K: int, routing: st
         dg, du = quantize_rows(dg), quantize_rows(du)
         (_, w1t), (_, w3t) = quantize_weight_pair(w1), quantize_weight_pair(w3)
         # what the kernel multiplies: the dequantized rows and W^T's blocks, transposed back
+        # (the weights stay fp32 and become float64 one expert at a time: at 235B-A22B a float64 copy of both is
+        # 12 GiB, which ran a GPU shared by three test processes out of memory)
         g64, u64 = dequantize(dg).double(), dequantize(du).double()
-        w1_64, w3_64 = (dequantize(w).double().transpose(1, 2) for w in (w1t, w3t))
+        w1_ref, w3_ref = (dequantize(w).transpose(1, 2) for w in (w1t, w3t))
 
         def run():
             return expert_input_grad(dg, du, w1t, w3t, plan, torch.bfloat16, "fp8")
     else:
-        g64, u64, w1_64, w3_64 = dg.double(), du.double(), w1.double(), w3.double()
+        g64, u64, w1_ref, w3_ref = dg.double(), du.double(), w1, w3
 
         def run():
             return expert_input_grad(dg, du, w1, w3, plan, torch.bfloat16, "bf16")
@@ -53,7 +55,7 @@ def _dx_case(precision: str, T: int, D: int, H: int, E: int, K: int, routing: st
     offsets, order = plan.offsets_E1.tolist(), plan.order_N.long()
     for e in range(E):
         p = slice(offsets[e], offsets[e + 1])
-        ref[order[p]] = g64[p] @ w1_64[e] + u64[p] @ w3_64[e]
+        ref[order[p]] = g64[p] @ w1_ref[e].double() + u64[p] @ w3_ref[e].double()
     return run, ref
 
 
