@@ -159,27 +159,28 @@ def bench_fp8_dswiglu(do_bench, quick: bool = False):
             out[name], out[name + "_scale"] = t.data[:, :P], t.scale[:, :real]
         return out
 
-    triton = dict(_FP8_DSWIGLU_GLUON=None)  # the Triton kernels (the Gluon one is the GPU default)
-    variants = [("single kernel", dict(triton, _FP8_DSWIGLU_SPLIT=False), None, row_keys + tile_keys, single_bytes)]
+    triton_knobs = dict(_FP8_DSWIGLU_GLUON=None)  # the Triton kernels (the Gluon one is the GPU default)
+    variants = [("single kernel", dict(triton_knobs, _FP8_DSWIGLU_SPLIT=False), None, row_keys + tile_keys,
+                 single_bytes)]
     variants += [(f"gluon single kernel {w}w {'exact' if e else 'hardware'} cast", dict(_FP8_DSWIGLU_GLUON=(w, e)),
                   None, row_keys + tile_keys, single_bytes) for w, e in [(8, False), (8, True), (16, False), (16, True),
                                                                          (4, False)]]
     if quick:
-        variants.append(("split, shipped knobs", triton, None, row_keys + tile_keys, rows_bytes + tiles_bytes))
+        variants.append(("split, shipped knobs", triton_knobs, None, row_keys + tile_keys, rows_bytes + tiles_bytes))
     for bm, tw, cb in itertools.product((32, 64), (4, 8), (1, 2)) if not quick else ():
         variants.append((f"split: rows {bm}x128 8w, tiles {tw}w {cb}x128",
-                         dict(triton, _FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=8,
+                         dict(triton_knobs, _FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=8,
                               _FP8_TILES_WARPS=tw, _FP8_TILES_COL_BLOCKS=cb), None, row_keys + tile_keys,
                          rows_bytes + tiles_bytes))
     for bm, rw in itertools.product((32, 64), (4, 8)) if not quick else ():
         variants.append((f"rows kernel alone {bm}x128 {rw}w",
-                         dict(triton, _FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=rw),
+                         dict(triton_knobs, _FP8_DSWIGLU_SPLIT=True, _FP8_ROWS_BLOCK_M=bm, _FP8_ROWS_WARPS=rw),
                          m._dswiglu_fp8_rows_kernel, row_keys, rows_bytes))
     for tw, cb, step in itertools.product((4, 8), (1, 2), (32, 64, 128)) if not quick else ():
         variants.append((f"tiles kernel alone {tw}w {cb}x128 step {step}",
-                         dict(triton, _FP8_DSWIGLU_SPLIT=True, _FP8_TILES_WARPS=tw, _FP8_TILES_COL_BLOCKS=cb,
+                         dict(triton_knobs, _FP8_DSWIGLU_SPLIT=True, _FP8_TILES_WARPS=tw, _FP8_TILES_COL_BLOCKS=cb,
                               _FP8_TILES_BLOCK_N=step), m._dswiglu_fp8_tiles_kernel, tile_keys, tiles_bytes))
-    ref = outputs(dict(triton, _FP8_DSWIGLU_SPLIT=False))
+    ref = outputs(dict(triton_knobs, _FP8_DSWIGLU_SPLIT=False))
     rows = []
     for name, k, kernel, keys, nbytes in variants:
         r = {"variant": name, "knobs": k, "bytes": nbytes}

@@ -137,55 +137,41 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
                        num_warps, num_stages)
 
 
-def wgrad_fp8(dual: bool, persistent: bool = False, block_m: int = 64, block_n: int = 128, num_warps: int = 4,
-              num_stages: int = 3, out: str = "bf16"):
-    """The block-FP8 weight gradient (dW2, or dW1/dW3 with `dual`) over TMA token tiles; `persistent`: the
-    resident programs' hand-flattened loop (`wgrad._expert_wgrad_fp8_persistent_kernel`), storing through TMA.
-    `out`: the gradients' dtype."""
+def wgrad_fp8(dual: bool, block_m: int = 64, block_n: int = 128, num_warps: int = 4, num_stages: int = 3,
+              out: str = "bf16"):
+    """The block-FP8 weight gradient (dW2, or dW1/dW3 with `dual`) over TMA token tiles, one program per output
+    tile. `out`: the gradients' dtype."""
     from titan_megamoe.kernels import wgrad
 
-    fn = wgrad._expert_wgrad_fp8_persistent_kernel if persistent else wgrad._expert_wgrad_fp8_kernel
-    c = {"c_desc": f"tensordesc<{out}[1, {block_m}, {block_n}]>"} if persistent else {"c_ptr": f"*{out}"}
     sig = {"a_src": _fp8_desc(block_m), "b_src": _fp8_desc(block_n), **_types("a_scale_ptr b_scale_ptr", "*fp32"),
-           **_types("offsets_ptr expert_slot_ptr", "*i32"), **c, **_types("M N stride_sa stride_sb", "i32"),
-           **({"num_items": "i32"} if persistent else _types("stride_a stride_b stride_ce stride_cm", "i32"))}
+           **_types("offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": f"*{out}",
+           **_types("M N stride_sa stride_sb stride_a stride_b stride_ce stride_cm", "i32")}
     if dual:
-        sig.update(a2_src=_fp8_desc(block_m), a2_scale_ptr="*fp32", **{f"c2_{k[2:]}": v for k, v in c.items()})
+        sig.update(a2_src=_fp8_desc(block_m), a2_scale_ptr="*fp32", c2_ptr=f"*{out}")
     const = dict(DUAL=dual, OUT_BF16=out == "bf16", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, BLOCK_E=128,
-                 **({"CHUNK": 256} if persistent else {"TMA": True, "EVEN_M": True, "EVEN_N": True}))
-    return _row_kernel(fn, sig, const, num_warps, num_stages)
+                 TMA=True, EVEN_M=True, EVEN_N=True)
+    return _row_kernel(wgrad._expert_wgrad_fp8_kernel, sig, const, num_warps, num_stages)
 
 
-def wgrad_bf16(dual: bool, persistent: bool = False, block_m: int = 128, block_n: int = 256, block_k: int = 32,
-               num_warps: int = 8, num_stages: int = 5, out: str = "fp32", copied: bool = True):
-    """The bf16 weight gradient (dW2, or dW1/dW3 with `dual`), the sorted operand through TMA and the gathered
-    one (dout, x) through TMA from a sorted copy (`copied`) or by pointer: one program per output tile
-    (`_expert_wgrad_kernel`), or `persistent`: the resident programs' hand-flattened loop
-    (`wgrad._expert_wgrad_persistent_kernel`, the copy padded per expert). `out`: the gradients' dtype (fp32
-    under fp32 master weights, as 1-GPU TorchTitan runs)."""
+def wgrad_bf16(dual: bool, block_m: int = 128, block_n: int = 256, block_k: int = 32, num_warps: int = 8,
+               num_stages: int = 5, out: str = "fp32", copied: bool = True):
+    """The bf16 weight gradient (dW2, or dW1/dW3 with `dual`), one program per output tile
+    (`_expert_wgrad_kernel`): the sorted operand through TMA and the gathered one (dout, x) through TMA from a
+    sorted copy (`copied`) or by pointer. `out`: the gradients' dtype (fp32 under fp32 master weights, as 1-GPU
+    TorchTitan runs)."""
     from titan_megamoe.kernels import wgrad
 
     a, b = f"tensordesc<bf16[{block_k}, {block_m}]>", f"tensordesc<bf16[{block_k}, {block_n}]>"
     if not copied:  # the gathered operand by pointer: A for dW2, B for dW1/dW3
         a, b = (a, "*bf16") if dual else ("*bf16", b)
-    names = ("a_src", "a2_src", "b_src", "c_desc", "c2_desc") if persistent else (
-        "a_ptr", "a2_ptr", "b_ptr", "c_ptr", "c2_ptr")
-    c = f"tensordesc<{out}[1, {block_m}, {block_n}]>" if persistent else f"*{out}"  # outputs through TMA, or pointers
-    sig = {names[0]: a, names[2]: b, **_types("order_ptr offsets_ptr expert_slot_ptr", "*i32"), names[3]: c,
-           **_types("M N", "i32")}
+    sig = {"a_ptr": a, "b_ptr": b, **_types("order_ptr offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": f"*{out}",
+           **_types("M N stride_a stride_b stride_ce stride_cm", "i32")}
     if dual:
-        sig.update({names[1]: a, names[4]: c})
+        sig.update(a2_ptr=a, c2_ptr=f"*{out}")
     const = dict(TOP_K=8, DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=out == "bf16", BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_K=block_k)
-    if persistent:
-        fn = wgrad._expert_wgrad_persistent_kernel
-        sig.update(num_items="i32", stride_g="i32")
-        const.update(A_GATHERED=not dual, COPIED=copied, BLOCK_E=128, CHUNK=256)
-    else:
-        fn = wgrad._expert_wgrad_kernel
-        sig.update(_types("stride_a stride_b stride_ce stride_cm", "i32"))
-        const.update(A_GATHER=not copied and not dual, B_GATHER=not copied and dual, SORTED_TMA=True, WS=False)
-    return _row_kernel(fn, sig, const, num_warps, num_stages)
+                 BLOCK_N=block_n, BLOCK_K=block_k, A_GATHER=not copied and not dual, B_GATHER=not copied and dual,
+                 SORTED_TMA=True, WS=False)
+    return _row_kernel(wgrad._expert_wgrad_kernel, sig, const, num_warps, num_stages)
 
 
 def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False,
@@ -298,7 +284,7 @@ def shipped_fp8_rows(dim: int, hidden: int) -> dict:
     kw, c = cfg("gemm2")
     out["gemm2"] = grouped_gemm(c.block_n, False, **kw)
     kw, c = cfg("dx")
-    out["dx"] = grouped_gemm(c.block_n, True, **kw)
+    out["dx"] = grouped_gemm(c.block_n, True, one_loop=c.pairs_in_one_loop, **kw)
     kw, c = cfg("dgrad_swiglu")
     out["dgrad q"] = grouped_gemm(c.block_n, False, sorted_out=True, **kw)
     return out
@@ -327,30 +313,11 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
                                                                            persistent=True),
     "dx one loop 128 rows 8 warps persistent": lambda: grouped_gemm(128, True, one_loop=True, persistent=True),
     "wgrad fp8 dW2 64x128": lambda: wgrad_fp8(False),
-    "wgrad fp8 dW2 64x128 persistent": lambda: wgrad_fp8(False, persistent=True),
     "wgrad fp8 dW1/dW3 64x128": lambda: wgrad_fp8(True),
-    "wgrad fp8 dW1/dW3 64x128 persistent": lambda: wgrad_fp8(True, persistent=True),
     "bf16 wgrad dW2 128x256x32 5 stages gathered": lambda: wgrad_bf16(False, copied=False),
-    "bf16 wgrad dW2 128x256x32 3 stages gathered persistent": lambda: wgrad_bf16(False, persistent=True,
-                                                                                num_stages=3, copied=False),
-    "bf16 wgrad dW2 128x128x64 4 stages gathered persistent": lambda: wgrad_bf16(False, persistent=True,
-                                                                                block_n=128, block_k=64,
-                                                                                num_stages=4, copied=False),
-    "bf16 wgrad dW1/dW3 64x128x32 4 stages gathered persistent": lambda: wgrad_bf16(
-        True, persistent=True, block_m=64, block_n=128, num_warps=4, num_stages=4, copied=False),
     "bf16 wgrad dW2 128x256x32 5 stages sorted copy": lambda: wgrad_bf16(False),
-    "bf16 wgrad dW2 128x256x32 5 stages persistent": lambda: wgrad_bf16(False, persistent=True),
-    "bf16 wgrad dW2 128x256x32 3 stages persistent": lambda: wgrad_bf16(False, persistent=True, num_stages=3),
-    "bf16 wgrad dW2 128x128x64 4 stages persistent": lambda: wgrad_bf16(False, persistent=True, block_n=128,
-                                                                       block_k=64, num_stages=4),
     "bf16 wgrad dW1/dW3 64x128x32 5 stages sorted copy": lambda: wgrad_bf16(True, block_m=64, block_n=128,
                                                                            num_warps=4),
-    "bf16 wgrad dW1/dW3 64x128x32 4 stages persistent": lambda: wgrad_bf16(True, persistent=True, block_m=64,
-                                                                          block_n=128, num_warps=4, num_stages=4),
-    "bf16 wgrad dW1/dW3 128x128x32 4 stages persistent": lambda: wgrad_bf16(True, persistent=True, block_n=128,
-                                                                           num_stages=4),
-    "bf16 wgrad dW1/dW3 128x128x32 4 stages gathered persistent": lambda: wgrad_bf16(
-        True, persistent=True, block_n=128, num_stages=4, copied=False),
     "dx 128 rows 8 warps": lambda: grouped_gemm(128, True),
     "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
     "dgrad q 128 rows 8 warps": lambda: grouped_gemm(128, False, sorted_out=True),

@@ -1,7 +1,6 @@
 """The A/B report: CPU timing caveat, commit line, non-finite values in ab.json, the git commit it records."""
 
 import json
-import math
 import shutil
 import subprocess
 from pathlib import Path

@@ -3,7 +3,6 @@ before it starts torchrun, and the one line it ends a failed job with."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from titan_megamoe.kernels import configs
 from titan_megamoe.kernels.configs import TileConfig

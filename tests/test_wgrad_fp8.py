@@ -16,7 +16,6 @@ cases run compiled, plus a Qwen3-30B-A3B-sized layer.
 """
 
 import contextlib
-import dataclasses
 import math
 
 import pytest
@@ -26,7 +25,6 @@ from test_kernel_wgrad import _patch_interpreter_for_numpy_2_4
 from titan_megamoe import quant
 from titan_megamoe.kernels import wgrad
 from titan_megamoe.kernels.common import INTERPRET
-from titan_megamoe.kernels.common import multiprocessors
 from titan_megamoe.kernels.configs import TileConfig, override_tile_config
 from titan_megamoe.kernels.routing_meta import build_routing_plan
 from titan_megamoe.precision import BlockScaled
@@ -232,57 +230,6 @@ def test_wgrad_fp8_config_variants(case, variant):
     p = _problem(case, seed=2)
     _run_w2(p, torch.float32, VARIANTS[variant])
     _run_w13(p, torch.float32, VARIANTS[variant])
-
-
-# TileConfig.persistent: resident programs walking their output tiles in one hand-flattened loop
-# (wgrad._expert_wgrad_fp8_persistent_kernel): per output tile the same products in the same order, so the
-# result must be bitwise the one-program-per-tile kernel's, with far fewer programs than tiles (the
-# interpreter's 2 "multiprocessors"), empty experts (one zero-scaled step each), ragged edges, zero rows
-PERSISTENT_BASE = (TileConfig(32, 32, 128, 4, 1, tma=True) if INTERPRET
-                   else TileConfig(64, 128, 128, 4, 3, tma=True))
-
-
-@pytest.mark.parametrize("case", ["segments", "empty", "zero_rows", "one_hot"] + ([] if INTERPRET else ["gpu_ragged",
-                                                                                                      "gpu_d2048_h768"]))
-@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_wgrad_fp8_persistent_is_bitwise_one_program_per_tile(case, out_dtype):
-    p = _problem(case, seed=3)
-    t, plan = p["tiles"], p["plan"]
-    launched = []
-    real_launch = wgrad.launch
-
-    def spy(kernel, grid, *args, **kw):
-        launched.append((kernel.fn.__name__, grid[0]))
-        return real_launch(kernel, grid, *args, **kw)
-
-    outs = []
-    try:
-        wgrad.launch = spy
-        for persistent in (0, 2):
-            with _configured(dataclasses.replace(PERSISTENT_BASE, persistent=persistent)):
-                outs.append((wgrad.expert_wgrad_w2_fp8(t["dout"], t["hs"], plan, out_dtype),
-                             *wgrad.expert_wgrad_w13_fp8(t["dg"], t["du"], t["x"], plan, out_dtype)))
-    finally:
-        wgrad.launch = real_launch
-    for name, one, resident in zip(("dW2", "dW1", "dW3"), *outs):
-        assert torch.equal(one, resident), f"{case}: persistent {name} differs from one program per output tile"
-    _check("dW2 (persistent)", outs[1][0], t["dout"], t["hs"], p["rows"]["dout"], p["rows"]["hs"], plan)
-    sms = multiprocessors(torch.device(DEVICE))
-    per_tile = [g for name, g in launched if name == "_expert_wgrad_fp8_kernel"]
-    resident = [g for name, g in launched if name == "_expert_wgrad_fp8_persistent_kernel"]
-    assert len(per_tile) == len(resident) == 2 and resident == [min(g, 2 * sms) for g in per_tile], launched
-
-
-def test_wgrad_persistent_config_errors():
-    """The block-FP8 resident kernel needs TMA (token tiles, no copy); bf16's own resident kernel is
-    tests/test_wgrad_persistent.py's."""
-    from titan_megamoe.validation import check_tile_config
-
-    cfg = TileConfig(64, 128, 128, 4, 3, tma=True, persistent=1)
-    check_tile_config("wgrad_w2", cfg, 128, "fp8")
-    for bad in (dataclasses.replace(cfg, tma=False), dataclasses.replace(cfg, sorted_copy=True)):
-        with pytest.raises(ValueError, match="block FP8 without sorted_copy"):
-            check_tile_config("wgrad_w13", bad, 128, "fp8")
 
 
 def test_wgrad_fp8_no_rows():

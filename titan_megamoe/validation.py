@@ -183,7 +183,6 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
 # the block-FP8 GEMMs with Gluon kernels: `kernels.fp8_gemm1_gluon` (GEMM1), `kernels.fp8_rows_gluon` (the rest)
 GLUON_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")
 PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kernels/grouped_gemm.py)
-# and the weight gradients (kernels/wgrad.py) with tma (block FP8 without sorted_copy)
 
 
 def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None = None) -> None:
@@ -192,9 +191,8 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only
     for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
     block-FP8 GEMM1, GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
-    it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM) and
-    the weight gradients with tma (block FP8 without sorted_copy), weight_tma only for dgrad's own
-    kernel, pairs_in_one_loop only for dx with tma."""
+    it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM),
+    weight_tma only for dgrad's own kernel, pairs_in_one_loop only for dx with tma."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 
@@ -214,17 +212,13 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) and to the weight gradients "
                          f"with sorted_copy only")
     persistent = cfg.persistent
-    # the weight gradients' resident kernels: bf16 reads its gathered operand by pointer or from a padded
-    # sorted copy (sorted_copy), block FP8 reads token tiles (no copy)
-    wgrad_ok = kernel in WGRAD and cfg.tma and not (cfg.sorted_copy and precision == "fp8")
     if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0 or (persistent and (
-            (kernel not in PERSISTENT_KERNELS and not wgrad_ok) or cfg.warp_specialize or cfg.gluon
+            kernel not in PERSISTENT_KERNELS or cfg.warp_specialize or cfg.gluon
             or (kernel == "dgrad_swiglu" and not (cfg.split and cfg.tma)))):
         # (dgrad's GEMM is the grouped GEMM only with split and tma; otherwise its own kernel, never persistent)
         raise ValueError(f"{kernel}: persistent (resident programs per multiprocessor) must be an integer >= 0, "
-                         f"and above 0 only for {', '.join(PERSISTENT_KERNELS)} (dgrad_swiglu with split and tma) "
-                         f"and the weight gradients with tma (block FP8 without sorted_copy), without "
-                         f"warp_specialize or gluon; got {cfg}")
+                         f"and above 0 only for {', '.join(PERSISTENT_KERNELS)} (dgrad_swiglu with split and tma), "
+                         f"without warp_specialize or gluon; got {cfg}")
     if cfg.pairs_in_one_loop and (kernel != "dx" or not cfg.tma or cfg.warp_specialize or cfg.gluon
                                   or cfg.block_n > 128):
         # bf16 keeps a second accumulator for the second pair (mainloop.pair_mainloop): 128 columns at most

@@ -40,17 +40,16 @@ class TileConfig:
     warp_specialize: bool = False
     group_m: int = 1  # row-tiled kernels: row programs walked down each N column together (schedule.row_tile)
     # weight gradients (bf16) with tma: the gathered operand (dout for dW2, x for dW1/dW3) copied into
-    # sorted order first, so both operands come through TMA (mainloop.varlen_mainloop; with persistent the
-    # copy is padded per expert to whole blocks, sorted_rows.padded_sorted_rows)
+    # sorted order first, so both operands come through TMA (mainloop.varlen_mainloop)
     sorted_copy: bool = False
     # block FP8 gemm1_swiglu, gemm2, dgrad_swiglu's GEMM and dx only: the Gluon kernels that overlap each K
     # block's scaling with the next block's MMA (`fp8_gemm1_gluon`, `fp8_rows_gluon`; GPU only, both operands
     # through TMA, so tma too)
     gluon: bool = False
-    # gemm2, dx and dgrad's GEMM (with split and tma: then it is the grouped GEMM's), and the weight gradients
-    # (with tma): resident programs per multiprocessor, each walking the tile schedule
-    # (grouped_gemm: with one operand pair Triton flattens that loop with the K loop, so the next tile's loads
-    # overlap this tile's epilogue; dx's two K loops stay nested; wgrad: one loop flattened by hand); 0: one
+    # gemm2, dx and dgrad's GEMM (with split and tma: then it is the grouped GEMM's): resident programs per
+    # multiprocessor, each walking the tile schedule (grouped_gemm: with one operand pair Triton flattens that
+    # loop with the K loop, so the next tile's loads overlap this tile's epilogue; dx's two K loops stay nested
+    # unless pairs_in_one_loop; the weight gradients' resident form lost on the GPU, docs/kernels.md); 0: one
     # program per tile. Expert parallelism's symmetric-memory launches (stores to peers, waits for arriving
     # rows) take the one-program-per-tile kernel: same tiles, same per-tile math, bitwise the same result
     persistent: int = 0

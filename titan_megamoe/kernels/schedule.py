@@ -88,47 +88,8 @@ def expert_output_tile(pid, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M: tl.cons
 @triton.jit
 def first_token_block(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
     """Expert `expert`'s first block in a layout that pads every expert's rows to whole BLOCK_K blocks, experts
-    in order (the block-FP8 token tiles with BLOCK_K = the plan's 128 rows; the padded sorted copy of the
-    persistent bf16 weight gradients, `sorted_rows.padded_sorted_rows`): the blocks of the experts before it."""
+    in order (the block-FP8 token tiles, BLOCK_K = the plan's 128 rows): the blocks of the experts before it."""
     e = tl.arange(0, BLOCK_E)
     before = e < expert
     counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
     return tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)
-
-
-@triton.jit
-def resident_wgrad_start(num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, CHUNK: tl.constexpr = 256):
-    """A resident weight-gradient program's step count and the state its first `resident_wgrad_step` advances
-    from: (steps, j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n). The program's output tiles are
-    pid, pid + grid, ... (one hand-flattened loop over them and their reduction blocks); its steps are each
-    tile's BLOCK_K-row block count, at least 1 (an empty expert takes one step that adds nothing and stores its
-    zeros)."""
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    tiles_mn = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    steps = 0
-    for c0 in range(0, tl.cdiv(num_items - pid, grid), CHUNK):
-        w = pid + (c0 + tl.arange(0, CHUNK)) * grid
-        ok = w < num_items
-        e = tl.load(expert_slot_ptr + w // tiles_mn, mask=ok, other=0)
-        count = tl.load(offsets_ptr + e + 1, mask=ok, other=0) - tl.load(offsets_ptr + e, mask=ok, other=0)
-        steps += tl.sum(tl.where(ok, tl.maximum((count + BLOCK_K - 1) // BLOCK_K, 1), 0), axis=0)
-    return steps, -1, 0, pid - grid, 0, 0, 0, 0, 0, tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_N)
-
-
-@triton.jit
-def resident_wgrad_step(j, n_t, item, grid, expert, lo, hi, pid_m, pid_n, offs_m, offs_n, M, N, expert_slot_ptr,
-                        offsets_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The next step of a resident weight-gradient program: step j of its output tile `item`, which has n_t
-    reduction blocks (an empty expert's tile takes one step). On a tile's first step (j == 0) the next output
-    tile is looked up (`expert_output_tile`). The step advances from values the previous step computed
-    without side effects (not from the tile's store), which is what lets the pipeliner issue the next step's
-    loads ahead. The first step advances from `resident_wgrad_start`'s state."""
-    j = tl.where(j == tl.maximum(n_t, 1) - 1, 0, j + 1)
-    if j == 0:
-        item += grid
-        expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(item, M, N, expert_slot_ptr, offsets_ptr,
-                                                                          BLOCK_M, BLOCK_N)
-        n_t = (hi - lo + BLOCK_K - 1) // BLOCK_K
-    return j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n

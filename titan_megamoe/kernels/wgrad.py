@@ -11,9 +11,6 @@ is the sorted position p or, gathered, the plan's source row order[p] // K:
 One program per output tile (expert, m-tile, n-tile), experts heaviest first (`schedule.expert_output_tile`).
 An empty expert runs zero iterations and stores zeros: every output element is written by the kernel,
 nothing relies on a memset. No atomics: the result is bitwise reproducible for a given config.
-Resident programs (`TileConfig.persistent`, with tma) walk their output tiles in one loop written by hand,
-one reduction block per step, bitwise the one-program kernels; bf16 reads the gathered operand by pointer or
-(sorted_copy) from a copy padded per expert (`sorted_rows.padded_sorted_rows`).
 
 Block FP8 (`expert_wgrad_w2_fp8`, `expert_wgrad_w13_fp8`): the same products over operands in the
 token-tile layout (`quant.quantize_token_tiles`: e4m3 [C, num_tiles * 128], one fp32 scale per row and
@@ -34,12 +31,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from ..validation import check_kernel_operand, check_row_alignment, check_wgrad_out_dtype
-from .common import INTERPRET, cast_rne, mma, multiprocessors, new_output, tma_ok
+from .common import INTERPRET, cast_rne, new_output, tma_ok
 from .launch import launch
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
-from .schedule import expert_output_tile, first_token_block, resident_wgrad_start, resident_wgrad_step
-from .sorted_rows import padded_sorted_rows, sorted_rows
+from .schedule import expert_output_tile, first_token_block
+from .sorted_rows import sorted_rows
 
 
 @triton.jit
@@ -63,20 +60,6 @@ def _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride
 
 
 @triton.jit
-def _store_tiles(c_desc, c2_desc, acc, acc2, expert, pid_m, pid_n, DUAL: tl.constexpr, OUT_BF16: tl.constexpr,
-                 INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The resident kernels' `_store_output`: the accumulator tile(s) through TMA descriptors over [E, M, N]
-    (blocks [1, BLOCK_M, BLOCK_N], clipped at the expert's edge), rounded as `_store_output` rounds them."""
-    if OUT_BF16:
-        acc = cast_rne(acc, tl.bfloat16, INTERPRET)
-    c_desc.store([expert, pid_m * BLOCK_M, pid_n * BLOCK_N], acc.reshape(1, BLOCK_M, BLOCK_N).to(c_desc.dtype))
-    if DUAL:
-        if OUT_BF16:
-            acc2 = cast_rne(acc2, tl.bfloat16, INTERPRET)
-        c2_desc.store([expert, pid_m * BLOCK_M, pid_n * BLOCK_N], acc2.reshape(1, BLOCK_M, BLOCK_N).to(c2_desc.dtype))
-
-
-@triton.jit
 def _expert_wgrad_kernel(
     a_ptr, a2_ptr, b_ptr,  # A [*, M] and B [*, N] rows (pointers, or a TMA descriptor for the sorted one)
     order_ptr, offsets_ptr, expert_slot_ptr,
@@ -95,81 +78,6 @@ def _expert_wgrad_kernel(
                                 SORTED_TMA, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET, WS)
     _store_output(c_ptr, c2_ptr, acc, acc2, expert, offs_m, offs_n, M, N, stride_ce, stride_cm, DUAL, EVEN_M, EVEN_N,
                   OUT_BF16, INTERPRET)
-
-
-@triton.jit
-def _expert_wgrad_persistent_kernel(
-    a_src, a2_src, b_src,  # A [*, M] (A2), B [*, N]: TMA descriptors, but the gathered operand by pointer unless COPIED
-    order_ptr, offsets_ptr, expert_slot_ptr,
-    c_desc, c2_desc,  # TMA descriptors over the outputs [E, M, N], blocks [1, BLOCK_M, BLOCK_N]
-    M, N, num_items, stride_g,  # stride_g: the gathered operand's row stride (by pointer)
-    TOP_K: tl.constexpr, A_GATHERED: tl.constexpr, COPIED: tl.constexpr, DUAL: tl.constexpr, EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
-):
-    """`_expert_wgrad_kernel`'s bf16 work as resident programs (TileConfig.persistent), the loop over a program's
-    output tiles and the loop over each tile's reduction blocks written as one loop by hand (as
-    `_expert_wgrad_fp8_persistent_kernel`: Triton flattens a loop nest only when the inner trip count is the same
-    in every outer iteration). Step s takes one BLOCK_K-row block of one output tile, so the pipeliner issues the
-    next tile's first loads while this tile's last MMAs finish and its result is stored.
-
-    The sorted operand(s) come through TMA; their rows past the expert's end (the next expert's, or TMA's zero
-    fill past the last row) must meet zero rows of the gathered operand (dout for dW2: A_GATHERED; x for
-    dW1/dW3), which comes either
-    - COPIED (sorted_copy): as `sorted_rows.padded_sorted_rows`, each expert's rows padded with zero rows to whole
-      blocks, through TMA at the expert's padded offset; an empty expert's single step reads the copy's leading
-      zero block. Per output tile the blocks of the one-program kernel over a sorted copy (which zeroes its last
-      partial block in registers instead): bitwise its result.
-    - or gathered by pointer through the plan's order, rows past the expert's end masked to zero (no copy); an
-      empty expert's single step loads nothing. Bitwise the one-program kernel's gathered form.
-    """
-    grid = tl.num_programs(0)
-    steps, j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_start(
-        num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    padded = 0
-    offs_k = tl.arange(0, BLOCK_K)
-    for _ in tl.range(0, steps):
-        j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_step(
-            j, n_t, item, grid, expert, lo, hi, pid_m, pid_n, offs_m, offs_n, M, N, expert_slot_ptr, offsets_ptr,
-            BLOCK_M, BLOCK_N, BLOCK_K)
-        if COPIED and j == 0:  # the new tile's first block in the padded copy (the zero block for an empty expert)
-            padded = tl.where(n_t > 0, BLOCK_K + BLOCK_K * first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E),
-                              0)
-        sorted_row = lo + j * BLOCK_K
-        if COPIED:
-            if A_GATHERED:
-                a = a_src.load([padded + j * BLOCK_K, pid_m * BLOCK_M])
-            else:
-                b = b_src.load([padded + j * BLOCK_K, pid_n * BLOCK_N])
-        else:
-            rows = sorted_row + offs_k
-            row_ok = rows < hi
-            tok = (tl.load(order_ptr + rows, mask=row_ok, other=0) // TOP_K).to(tl.int64)
-            if A_GATHERED:
-                mask = row_ok[:, None] if EVEN_M else row_ok[:, None] & (offs_m < M)[None, :]
-                a = tl.load(a_src + tok[:, None] * stride_g + offs_m[None, :], mask=mask, other=0.0)
-            else:
-                mask = row_ok[:, None] if EVEN_N else row_ok[:, None] & (offs_n < N)[None, :]
-                b = tl.load(b_src + tok[:, None] * stride_g + offs_n[None, :], mask=mask, other=0.0)
-        if A_GATHERED:
-            b = b_src.load([sorted_row, pid_n * BLOCK_N])
-        else:
-            a = a_src.load([sorted_row, pid_m * BLOCK_M])
-        acc = mma(tl.trans(a), b, acc, INTERPRET)
-        if DUAL:  # dW1/dW3: A2 is sorted like A, B shared
-            acc2 = mma(tl.trans(a2_src.load([sorted_row, pid_m * BLOCK_M])), b, acc2, INTERPRET)
-        if j == tl.maximum(n_t, 1) - 1:  # the output tile's last step: store it, start the next one from zero
-            # (the reset after the store is the form Triton's own loop fusion gives a persistent GEMM: in the sm_90
-            # compile the MMAs stay in flight across steps and only this branch waits for them; a reset before the
-            # MMA waited at every step). The tile leaves through TMA (rows past M, columns past N clipped at the
-            # expert's edge by the 3-d descriptor): the store drains while the next tile's MMAs run, and it holds
-            # far fewer registers than pointer stores from a converted layout (sm_90 compile: dW2 128x256 177
-            # against 255, dW1/dW3 64x128 165 against 222)
-            _store_tiles(c_desc, c2_desc, acc, acc2, expert, pid_m, pid_n, DUAL, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
 
 @triton.jit
@@ -196,94 +104,11 @@ def _expert_wgrad_fp8_kernel(
                   OUT_BF16, INTERPRET)
 
 
-@triton.jit
-def _expert_wgrad_fp8_persistent_kernel(
-    a_src, a2_src, b_src,  # TMA descriptors over the e4m3 token tiles A [M, P], A2 [M, P], B [N, P]
-    a_scale_ptr, a2_scale_ptr, b_scale_ptr,  # fp32 [M, P / 128], [N, P / 128]
-    offsets_ptr, expert_slot_ptr,
-    c_desc, c2_desc,  # TMA descriptors over the outputs [E, M, N], blocks [1, BLOCK_M, BLOCK_N]
-    M, N, num_items, stride_sa, stride_sb,
-    DUAL: tl.constexpr, OUT_BF16: tl.constexpr,
-    INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_E: tl.constexpr, CHUNK: tl.constexpr = 256,
-):
-    """`_expert_wgrad_fp8_kernel`'s work as resident programs (TileConfig.persistent), with the loop over a
-    program's output tiles and the loop over each tile's token tiles written as one loop by hand: Triton
-    flattens a loop nest only when the inner trip count is the same in every outer iteration, and an
-    expert's token-tile count is not. Step s of the loop takes one token tile of one output tile; an output
-    tile starts (its expert, first token tile and count looked up) when the previous one is stored, so the
-    pipeliner can issue the next tile's first TMA loads while this one's last products are scaled and
-    stored. An empty expert takes one step with zero scales (zeros stored, as the one-program kernel stores
-    them). Per output tile the same products in the same order as `token_tile_mainloop`: bitwise its result."""
-    grid = tl.num_programs(0)
-    steps, j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_start(
-        num_items, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    zero = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    first = 0
-    for _ in tl.range(0, steps):
-        j, n_t, item, expert, lo, hi, pid_m, pid_n, offs_m, offs_n = resident_wgrad_step(
-            j, n_t, item, grid, expert, lo, hi, pid_m, pid_n, offs_m, offs_n, M, N, expert_slot_ptr, offsets_ptr,
-            BLOCK_M, BLOCK_N, BLOCK_K)
-        if j == 0:  # the new tile's first token tile
-            first = first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E)
-        t = first + tl.minimum(j, tl.maximum(n_t - 1, 0))
-        col = t * BLOCK_K
-        # an empty expert's single step: zero scales, nothing added (j < n_t false on every lane)
-        m_ok = (offs_m < M) & (offs_m * 0 + j < n_t)
-        n_ok = (offs_n < N) & (offs_n * 0 + j < n_t)
-        sa = tl.load(a_scale_ptr + t + offs_m * stride_sa, mask=m_ok, other=0.0)
-        sb = tl.load(b_scale_ptr + t + offs_n * stride_sb, mask=n_ok, other=0.0)[None, :]
-        a = a_src.load([pid_m * BLOCK_M, col])
-        b = b_src.load([pid_n * BLOCK_N, col])
-        acc += mma(a, tl.trans(b), zero, INTERPRET) * sa[:, None] * sb
-        if DUAL:
-            sa2 = tl.load(a2_scale_ptr + t + offs_m * stride_sa, mask=m_ok, other=0.0)
-            a2 = a2_src.load([pid_m * BLOCK_M, col])
-            acc2 += mma(a2, tl.trans(b), zero, INTERPRET) * sa2[:, None] * sb
-        if j == tl.maximum(n_t, 1) - 1:  # the output tile's last step: store it, start the next one from zero
-            _store_tiles(c_desc, c2_desc, acc, acc2, expert, pid_m, pid_n, DUAL, OUT_BF16, INTERPRET, BLOCK_M, BLOCK_N)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-
-
-def _output_descriptors(c, c2, dual: bool, bm: int, bn: int):
-    """The resident kernels' outputs: TMA descriptors over [E, M, N] (each tile clipped at its expert's edge),
-    the second only with DUAL."""
-    return (TensorDescriptor.from_tensor(c, [1, bm, bn]),
-            TensorDescriptor.from_tensor(c2, [1, bm, bn]) if dual else None)
-
-
 def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, precision):
     cfg = tile_config(kernel, *dims, precision)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     dual = a2 is not None  # without DUAL the kernel never reads a2: None, no descriptor built for it
     offsets = plan.offsets_E1
-    c, c2 = outs[0], outs[-1]
-    num_items = plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    # TileConfig.persistent: resident programs in one hand-flattened loop; where TMA cannot cover the operands or
-    # the outputs, one program per output tile with pointer loads below (the same result)
-    if cfg.persistent and tma_ok(*(t for t in (a, a2, b, *outs) if t is not None)):
-        g = a if a_gather else b
-        stride_g = g.stride(0)
-        if cfg.sorted_copy:
-            g = padded_sorted_rows(g, plan, bk)
-
-        def operand(t, rows):  # a TMA descriptor, except the gathered operand read by pointer (and a2 absent)
-            return t if t is None or (t is g and not cfg.sorted_copy) else TensorDescriptor.from_tensor(t, [bk, rows])
-
-        ops = [operand(g if a_gather else a, bm), operand(a2, bm), operand(b if a_gather else g, bn)]
-        launch(
-            _expert_wgrad_persistent_kernel, (min(num_items, cfg.persistent * multiprocessors(c.device)),),
-            *ops, plan.order_N, offsets, plan.experts_by_load, *_output_descriptors(c, c2, dual, bm, bn), M, N,
-            num_items, stride_g,
-            TOP_K=plan.rows_per_token, A_GATHERED=a_gather, COPIED=cfg.sorted_copy, DUAL=dual, EVEN_M=M % bm == 0,
-            EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_K=bk, BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-        return
     gathered = (a if a_gather else b) if not cfg.sorted_copy else None
     if cfg.sorted_copy:  # the gathered operand copied into sorted order: nothing is gathered in the kernel
         if a_gather:
@@ -299,8 +124,10 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
         if gathered is not a:
             a, a2 = (TensorDescriptor.from_tensor(t, [bk, bm]) if t is not None else None for t in (a, a2))
             stride_a = 0
+    c, c2 = outs[0], outs[-1]
+    grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     launch(
-        _expert_wgrad_kernel, (num_items,),
+        _expert_wgrad_kernel, grid,
         a, a2, b, plan.order_N, offsets, plan.experts_by_load, c, c2, M, N, stride_a, stride_b, c.stride(0),
         c.stride(1),
         TOP_K=plan.rows_per_token, A_GATHER=gathered is a, B_GATHER=gathered is b, DUAL=dual,
@@ -396,20 +223,6 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
                 for t, rows in zip(srcs, (bm, bm, bn))]
     c, c2 = outs[0], outs[-1]
     grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    # TileConfig.persistent: resident programs, one hand-flattened loop (TMA only: the step's token tile may
-    # lie past the last real one for an empty expert, which TMA fills with zeros); pointer loads where TMA
-    # cannot cover the operands or the outputs, one program per output tile: the same result
-    if cfg.persistent and tma and tma_ok(*outs):
-        launch(
-            _expert_wgrad_fp8_persistent_kernel, (min(grid[0], cfg.persistent * multiprocessors(c.device)),),
-            *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load,
-            *_output_descriptors(c, c2, dual, bm, bn), M, N, grid[0], a.scale.stride(0), b.scale.stride(0),
-            DUAL=dual, OUT_BF16=c.dtype == torch.bfloat16,
-            INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-        return
     launch(
         _expert_wgrad_fp8_kernel, grid,
         *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,

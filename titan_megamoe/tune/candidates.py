@@ -78,19 +78,6 @@ _PERSISTENT = {"gemm2": [C(M, 256, 64, 8, 3, **P1), C(M, 128, 64, 8, 4, **P1), C
                "dgrad_swiglu": [C(M, 256, 64, 8, 3, **SPLIT, **P1), C(M, 128, 64, 8, 4, **SPLIT, **P1)]}
 for _kernel, _configs in _PERSISTENT.items():
     CANDIDATES[_kernel] = CANDIDATES[_kernel] + _configs
-# the bf16 weight gradients as resident programs (wgrad._expert_wgrad_persistent_kernel: one hand-flattened
-# loop), the gathered operand by pointer or from a copy padded per expert (sorted_copy). Each tile leaves through
-# a TMA store whose staging tile sits beside the pipeline's buffers in shared memory (fp32 gradients, 1-GPU
-# TorchTitan's: 128 KB at 128x256), so fewer stages fit than in one program per tile. sm_90 compile, Triton 3.6,
-# fp32 gradients, no spill, padded copy / gathered: dW2 128x256x32 at 3 stages 177 / 169 registers, 205 / 180 KB
-# (4 stages and more exceed 227 KB); 128x128x64 at 4 stages 119 / 118, 197 / 131 KB; dW1/dW3 64x128x32 at 4
-# stages 165 / 182, 98 / 66 KB, two per multiprocessor; 128x128x32 at 4 stages 184 / 184, 164 / 115 KB
-# (tests/test_wgrad_persistent.py compiles each and checks that `persistent` programs fit)
-SCP = dict(SC, persistent=1)
-CANDIDATES["wgrad_w2"] += [C(128, 256, 32, 8, 3, **SCP), C(128, 128, 64, 8, 4, **SCP),
-                           C(128, 256, 32, 8, 3, **P1), C(128, 128, 64, 8, 4, **P1)]
-CANDIDATES["wgrad_w13"] += [C(64, 128, 32, 4, 4, **dict(SC, persistent=2)), C(128, 128, 32, 8, 4, **SCP),
-                            C(64, 128, 32, 4, 4, **dict(P1, persistent=2)), C(128, 128, 32, 8, 4, **P1)]
 # dgrad's own kernel with W2 through TMA and dout gathered by pointer (weight_tma: GEMM1's arrangement)
 WT = dict(split=True, weight_tma=True)
 CANDIDATES["dgrad_swiglu"] += [C(M, 128, 64, 8, 4, **WT), C(M, 128, 32, 8, 4, **WT), C(M, 128, 64, 8, 3, **WT),
@@ -107,21 +94,15 @@ _FP8_ROWS = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F,
              C(M, 128, F, 8, 4, **T_)]
 _FP8_WGRAD = [C(64, 128, F, 4, 3, **T_), C(64, 128, F, 4, 4, **T_), C(64, 128, F, 4, 5, **T_), C(64, 256, F, 8, 3, **T_),
               C(128, 128, F, 8, 3, **T_), C(128, 128, F, 8, 4, **T_)]
-# the weight gradients as resident programs, one hand-flattened loop over their output tiles' token tiles
-# (wgrad._expert_wgrad_fp8_persistent_kernel, tiles stored through TMA; sm_90 compile, Triton 3.6, 64 x 128,
-# fp32 gradients: dW2 221 registers and 107 KB at 3 stages, two per multiprocessor, 132 KB at 4; dW1/dW3 254
-# registers and 132 KB at 3 stages, one per multiprocessor: two fit only with bf16 gradients, and a config must
-# launch with either; at 4 stages Triton 3.9 spills)
-_FP8_WGRAD_W2 = _FP8_WGRAD + [C(64, 128, F, 4, 3, persistent=2, **T_), C(64, 128, F, 4, 4, **P1),
-                              C(64, 128, F, 4, 3, **P1)]
-_FP8_WGRAD_W13 = _FP8_WGRAD + [C(64, 128, F, 4, 3, **P1)]
 # persistent: 64-row, 4-warp programs hold ~210 registers and ~106 KB of shared memory at 4 stages in
 # the sm_90 compile (Triton 3.6), so two fit on a multiprocessor
 _FP8_PERSISTENT = [C(64, 128, F, 4, 4, tma=True, persistent=2), C(64, 128, F, 4, 3, tma=True, persistent=2),
                    C(M, 128, F, 8, 3, tma=True, persistent=1)]
 # dx with both operand pairs in one K loop (pairs_in_one_loop), so a persistent dx's tile loop flattens with
 # it; four operand tiles per stage (sm_90 compile, Triton 3.6: bf16 128x128x64 at 3 stages ~197 KB of shared
-# memory alone, ~229 KB persistent; FP8 64-row programs ~107 KB at 2 stages, ~148 KB at 3)
+# memory alone, ~229 KB persistent; FP8 64-row programs ~107 KB at 2 stages, ~148 KB at 3). On an H100 on
+# 2026-12-06 block FP8's 128-row persistent form won at both Qwen3 shapes (1.115 against 1.281 ms at 30B-A3B,
+# 4.125 against 4.514 at 235B-A22B) and bf16's lost (1.677 against 1.369 ms at 30B-A3B; docs/kernels.md)
 ONE = dict(tma=True, pairs_in_one_loop=True)
 CANDIDATES["dx"] += [C(M, 128, 64, 8, 3, **ONE), C(M, 128, 32, 8, 4, **ONE), C(M, 128, 64, 8, 3, persistent=1, **ONE),
                      C(M, 128, 32, 8, 4, persistent=1, **ONE)]
@@ -137,8 +118,8 @@ CANDIDATES_FP8 = {
     "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT,
     "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT],
     "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_ONE_LOOP,
-    "wgrad_w2": _FP8_WGRAD_W2,
-    "wgrad_w13": _FP8_WGRAD_W13,
+    "wgrad_w2": _FP8_WGRAD,
+    "wgrad_w13": _FP8_WGRAD,
 }
 
 
