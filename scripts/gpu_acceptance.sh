@@ -9,6 +9,8 @@
 # the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
 # one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
 # tune_kernels.py --merge; TUNE_WRITE=1 puts the winners in the table for the stages after it).
+# On a machine that got a copy of the working tree whose .git may lag it (the device machines here: twice the
+# JSONs named an older commit), pass TITAN_MEGAMOE_COMMIT=<the commit> so the results name the code that ran.
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
