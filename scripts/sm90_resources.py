@@ -137,41 +137,18 @@ def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: i
                        num_warps, num_stages)
 
 
-def wgrad_fp8(dual: bool, block_m: int = 64, block_n: int = 128, num_warps: int = 4, num_stages: int = 3,
-              out: str = "bf16"):
-    """The block-FP8 weight gradient (dW2, or dW1/dW3 with `dual`) over TMA token tiles, one program per output
-    tile. `out`: the gradients' dtype."""
+def wgrad_fp8(dual: bool, block_m: int = 64, block_n: int = 128, num_warps: int = 4, num_stages: int = 3):
+    """The block-FP8 weight gradient (dW2, or dW1/dW3 with `dual`) over TMA token tiles."""
     from titan_megamoe.kernels import wgrad
 
     sig = {"a_src": _fp8_desc(block_m), "b_src": _fp8_desc(block_n), **_types("a_scale_ptr b_scale_ptr", "*fp32"),
-           **_types("offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": f"*{out}",
-           **_types("M N stride_sa stride_sb stride_a stride_b stride_ce stride_cm", "i32")}
+           **_types("offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": "*bf16",
+           **_types("M N stride_sa stride_sb stride_ce stride_cm stride_a stride_b", "i32")}
     if dual:
-        sig.update(a2_src=_fp8_desc(block_m), a2_scale_ptr="*fp32", c2_ptr=f"*{out}")
-    const = dict(DUAL=dual, OUT_BF16=out == "bf16", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128, BLOCK_E=128,
-                 TMA=True, EVEN_M=True, EVEN_N=True)
+        sig.update(a2_src=_fp8_desc(block_m), a2_scale_ptr="*fp32", c2_ptr="*bf16")
+    const = dict(DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=True, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128,
+                 BLOCK_E=128, TMA=True)
     return _row_kernel(wgrad._expert_wgrad_fp8_kernel, sig, const, num_warps, num_stages)
-
-
-def wgrad_bf16(dual: bool, block_m: int = 128, block_n: int = 256, block_k: int = 32, num_warps: int = 8,
-               num_stages: int = 5, out: str = "fp32", copied: bool = True):
-    """The bf16 weight gradient (dW2, or dW1/dW3 with `dual`), one program per output tile
-    (`_expert_wgrad_kernel`): the sorted operand through TMA and the gathered one (dout, x) through TMA from a
-    sorted copy (`copied`) or by pointer. `out`: the gradients' dtype (fp32 under fp32 master weights, as 1-GPU
-    TorchTitan runs)."""
-    from titan_megamoe.kernels import wgrad
-
-    a, b = f"tensordesc<bf16[{block_k}, {block_m}]>", f"tensordesc<bf16[{block_k}, {block_n}]>"
-    if not copied:  # the gathered operand by pointer: A for dW2, B for dW1/dW3
-        a, b = (a, "*bf16") if dual else ("*bf16", b)
-    sig = {"a_ptr": a, "b_ptr": b, **_types("order_ptr offsets_ptr expert_slot_ptr", "*i32"), "c_ptr": f"*{out}",
-           **_types("M N stride_a stride_b stride_ce stride_cm", "i32")}
-    if dual:
-        sig.update(a2_ptr=a, c2_ptr=f"*{out}")
-    const = dict(TOP_K=8, DUAL=dual, EVEN_M=True, EVEN_N=True, OUT_BF16=out == "bf16", BLOCK_M=block_m,
-                 BLOCK_N=block_n, BLOCK_K=block_k, A_GATHER=not copied and not dual, B_GATHER=not copied and dual,
-                 SORTED_TMA=True, WS=False)
-    return _row_kernel(wgrad._expert_wgrad_kernel, sig, const, num_warps, num_stages)
 
 
 def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False,
@@ -314,10 +291,6 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "dx one loop 128 rows 8 warps persistent": lambda: grouped_gemm(128, True, one_loop=True, persistent=True),
     "wgrad fp8 dW2 64x128": lambda: wgrad_fp8(False),
     "wgrad fp8 dW1/dW3 64x128": lambda: wgrad_fp8(True),
-    "bf16 wgrad dW2 128x256x32 5 stages gathered": lambda: wgrad_bf16(False, copied=False),
-    "bf16 wgrad dW2 128x256x32 5 stages sorted copy": lambda: wgrad_bf16(False),
-    "bf16 wgrad dW1/dW3 64x128x32 5 stages sorted copy": lambda: wgrad_bf16(True, block_m=64, block_n=128,
-                                                                           num_warps=4),
     "dx 128 rows 8 warps": lambda: grouped_gemm(128, True),
     "dx 64 rows 4 warps": lambda: grouped_gemm(128, True, block_m=64, num_warps=4),
     "dgrad q 128 rows 8 warps": lambda: grouped_gemm(128, False, sorted_out=True),

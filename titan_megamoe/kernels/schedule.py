@@ -83,13 +83,3 @@ def expert_output_tile(pid, M, N, expert_slot_ptr, offsets_ptr, BLOCK_M: tl.cons
     offs_m = tl.max_contiguous(tl.multiple_of(pid_m * BLOCK_M + tl.arange(0, BLOCK_M), BLOCK_M), BLOCK_M)
     offs_n = tl.max_contiguous(tl.multiple_of(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
     return expert, lo, hi, pid_m, pid_n, offs_m, offs_n
-
-
-@triton.jit
-def first_token_block(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Expert `expert`'s first block in a layout that pads every expert's rows to whole BLOCK_K blocks, experts
-    in order (the block-FP8 token tiles, BLOCK_K = the plan's 128 rows): the blocks of the experts before it."""
-    e = tl.arange(0, BLOCK_E)
-    before = e < expert
-    counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
-    return tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)

@@ -35,7 +35,7 @@ from .common import INTERPRET, cast_rne, new_output, tma_ok
 from .launch import launch
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
-from .schedule import expert_output_tile, first_token_block
+from .schedule import expert_output_tile
 from .sorted_rows import sorted_rows
 
 
@@ -81,6 +81,16 @@ def _expert_wgrad_kernel(
 
 
 @triton.jit
+def _first_token_tile(offsets_ptr, expert, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Expert `expert`'s first token tile: the plan's tiles are BLOCK_K rows of one expert, experts in
+    order, so it is the number of tiles of the experts before it."""
+    e = tl.arange(0, BLOCK_E)
+    before = e < expert
+    counts = tl.load(offsets_ptr + e + 1, mask=before, other=0) - tl.load(offsets_ptr + e, mask=before, other=0)
+    return tl.sum((counts + BLOCK_K - 1) // BLOCK_K, axis=0)
+
+
+@triton.jit
 def _expert_wgrad_fp8_kernel(
     a_src, a2_src, b_src,  # e4m3 token tiles A [M, P], A2 [M, P], B [N, P] (pointers or TMA descriptors)
     a_scale_ptr, a2_scale_ptr, b_scale_ptr,  # fp32 [M, P / 128], [N, P / 128]
@@ -93,7 +103,7 @@ def _expert_wgrad_fp8_kernel(
 ):
     expert, lo, hi, pid_m, pid_n, offs_m, offs_n = expert_output_tile(tl.program_id(0), M, N, expert_slot_ptr,
                                                                       offsets_ptr, BLOCK_M, BLOCK_N)
-    first_tile = first_token_block(offsets_ptr, expert, BLOCK_K, BLOCK_E)
+    first_tile = _first_token_tile(offsets_ptr, expert, BLOCK_K, BLOCK_E)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc, acc2 = token_tile_mainloop(acc, acc2, a_src, a2_src, b_src, a_scale_ptr, a2_scale_ptr, b_scale_ptr,
