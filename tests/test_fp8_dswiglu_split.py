@@ -104,12 +104,19 @@ def test_both_paths_quantize_the_bf16_path(monkeypatch, split, T, H, E, K, routi
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-@pytest.mark.parametrize("variant", [(8, False), (16, True)])  # (warps, exact cast)
-@pytest.mark.parametrize("T,H,E,K,routing", CASES)
+# (warps, exact cast, persistent)
+@pytest.mark.parametrize("variant", [(8, False, False), (16, True, False), (16, False, True), (8, False, True)])
+@pytest.mark.parametrize("T,H,E,K,routing", CASES + [
+    # several items per program of the persistent kernel (~1000 items over the GPU's ~132 programs): both
+    # pipeline stages, their barrier phases flipping, an expert's last partial tile
+    pytest.param(4000, 384, 16, 8, "skewed", id="T4000-several-items-per-program",
+                 marks=pytest.mark.skipif(not GPU, reason="GPU only (the interpreter runs the Triton kernels)")),
+])
 def test_gluon_kernel_is_bitwise_the_single_kernel(monkeypatch, variant, T, H, E, K, routing):
     """The one-kernel Gluon dSwiGLU (`dswiglu_fp8_gluon`, the GPU default) writes the Triton single kernel's
-    bits (ds_part to fp32 rounding), outputs poisoned, spare tiles left alone by both. In the interpreter the
-    Triton kernels run (Gluon compiles for GPUs only)."""
+    bits (ds_part to fp32 rounding), outputs poisoned, spare tiles left alone by both; the persistent variant
+    (q, g, u through TMA) is checked to have launched. In the interpreter the Triton kernels run (Gluon compiles
+    for GPUs only)."""
     from titan_megamoe.kernels.common import INTERPRET
 
     case = make_case(T, 128, H, E, K, routing, device=DEVICE, seed=T + H)
@@ -128,7 +135,14 @@ def test_gluon_kernel_is_bitwise_the_single_kernel(monkeypatch, variant, T, H, E
         _outputs(q, g, u, scores, plan)
         assert launched == [dg_mod._dswiglu_fp8_rows_kernel, dg_mod._dswiglu_fp8_tiles_kernel], launched
         return
+    from titan_megamoe.kernels import dswiglu_fp8_gluon
+
+    launched = []
+    real = dswiglu_fp8_gluon.launch
+    monkeypatch.setattr(dswiglu_fp8_gluon, "launch", lambda fn, *a, **kw: (launched.append(fn), real(fn, *a, **kw)))
     got = _outputs(q, g, u, scores, plan)
+    persistent = dswiglu_fp8_gluon._dswiglu_fp8_persistent_kernel
+    assert launched == [persistent if variant[2] else dswiglu_fp8_gluon._dswiglu_fp8_kernel], launched
     _path(monkeypatch, split=False)
     want = _outputs(q, g, u, scores, plan)
     for name, w in want.items():
@@ -149,7 +163,7 @@ def test_gluon_kernel_host_path(monkeypatch):
     q = torch.zeros(plan.num_rows, 384, device=DEVICE)
     rows, tiles = [torch.empty(i, device=DEVICE) for i in range(4)], [torch.empty(i, device=DEVICE) for i in range(6)]
     ds = torch.empty(9, device=DEVICE)
-    dswiglu_fp8_gluon.dswiglu_fp8(q, q, q, q[:, 0], plan, rows, tiles, ds, 8, False)
+    dswiglu_fp8_gluon.dswiglu_fp8(q, q, q, q[:, 0], plan, rows, tiles, ds, 8, False, False)
     (fn, grid, args, kw), = calls
     assert fn is dswiglu_fp8_gluon._dswiglu_fp8_kernel and grid == (plan.layout.num_tiles * 3,)
     assert list(args[8:12]) == rows and list(args[12:18]) == tiles and args[18] is ds

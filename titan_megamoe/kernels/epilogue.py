@@ -38,6 +38,13 @@ def _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s):
     tile_ok = row_ok[:, None] & n_ok[None, :]
     g = tl.load(g_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + tile_off, mask=tile_ok, other=0.0).to(tl.float32)
+    return dswiglu_math(q, g, u, s)
+
+
+@triton.jit
+def dswiglu_math(q, g, u, s):
+    """`_dswiglu_values` on loaded tiles (fp32; zeros where a row is masked): the one expression every
+    dSwiGLU kernel evaluates, so their outputs agree bit for bit."""
     sig = tl.sigmoid(g)
     silu = g * sig
     h = silu * u
@@ -79,6 +86,18 @@ def dswiglu_values_bf16(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s, INTERPRET: 
     """`_dswiglu_values` with dg, du and s*h rounded to bf16 (still in fp32): what the bf16 path stores,
     and what block FP8 quantizes (as the emulation does)."""
     dg, du, hs, ds_part = _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s)
+    return _round_bf16(dg, du, hs, ds_part, INTERPRET)
+
+
+@triton.jit
+def dswiglu_math_bf16(q, g, u, s, INTERPRET: tl.constexpr):
+    """`dswiglu_math` with `dswiglu_values_bf16`'s rounding, on loaded tiles."""
+    dg, du, hs, ds_part = dswiglu_math(q, g, u, s)
+    return _round_bf16(dg, du, hs, ds_part, INTERPRET)
+
+
+@triton.jit
+def _round_bf16(dg, du, hs, ds_part, INTERPRET: tl.constexpr):
     return (cast_rne(dg, tl.bfloat16, INTERPRET).to(tl.float32), cast_rne(du, tl.bfloat16, INTERPRET).to(tl.float32),
             cast_rne(hs, tl.bfloat16, INTERPRET).to(tl.float32), ds_part)
 
