@@ -74,11 +74,14 @@ _FP8_ROWS_BLOCK_M, _FP8_ROWS_WARPS = 32, 8
 _FP8_TILES_WARPS, _FP8_TILES_COL_BLOCKS, _FP8_TILES_BLOCK_N = 4, 2, 32
 # On a GPU the one-kernel Gluon version runs in their place (`dswiglu_fp8_gluon`: the dSwiGLU computed once
 # per element, the token tiles stored through a layout change of their e4m3 bytes): (warps, exact cast,
-# persistent), or None for the Triton kernels. On the H100 (2026-12-05, docs/results/gluon_20261205_h100/, 30B-A3B T=16384,
-# every output bitwise the Triton single kernel's, ds_part to fp32 rounding): 16 warps with the hardware cast
-# 1031 us against the pair's 1097 and the single Triton kernel's 1318; 8 warps 1087; with the exact cast
-# 1238 (16 warps) and 3007 (8). Triton's interpreter cannot run Gluon: there the Triton kernels run.
-_FP8_DSWIGLU_GLUON: tuple[int, bool, bool] | None = (16, False, True)
+# persistent), or None for the Triton kernels. On the H100 (2026-12-05, docs/results/gluon_20261205_h100/, 30B-A3B
+# T=16384, every output bitwise the Triton single kernel's, ds_part to fp32 rounding): the one-item kernel at 16
+# warps with the hardware cast 1031 us against the pair's 1097 and the single Triton kernel's 1318; 8 warps 1087;
+# with the exact cast 1238 (16 warps) and 3007 (8). Persistent (one program per multiprocessor, the next item's
+# q, g, u coming in through TMA while this one computes; 2026-12-06, bench_row_kernels_20261206T062453.json, same
+# process): 8 warps 983 us against the one-item kernel's 1037, 16 warps 1111. Triton's interpreter cannot run
+# Gluon: there the Triton kernels run.
+_FP8_DSWIGLU_GLUON: tuple[int, bool, bool] | None = (8, False, True)
 
 
 @triton.jit
