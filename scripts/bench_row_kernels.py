@@ -303,10 +303,16 @@ def bench_token_tiles(do_bench):
         src = torch.randn(T, D, device="cuda", dtype=torch.bfloat16) * torch.exp2(
             torch.randint(-8, 8, (T, 1), device="cuda").float()).to(torch.bfloat16)
         P = plan.layout.num_tiles * 128
+        refs = {}
         for op, fn, nbytes in [("x tiles", lambda: (m.quantize_token_tiles(src, plan),), T * K * D * 2 + D * P),
                                ("dout rows+tiles", lambda: m.quantize_sorted_rows(src, plan, with_tiles=True),
-                                T * K * D * 3 + D * P)]:  # bf16 rows read, e4m3 rows + tiles written
-            ref = None
+                                T * K * D * 3 + D * P),  # bf16 rows read, e4m3 rows + tiles written
+                               # the same outputs from two launches: the rows as x's are made (each token quantized
+                               # once, its e4m3 row gathered), then the tiles alone; checked against the one above
+                               ("dout rows, then tiles", lambda: (m.quantize_sorted_rows(src, plan),
+                                                                   m.quantize_token_tiles(src, plan)),
+                                T * K * D * 3 + D * P)]:
+            ref = refs.get("dout rows+tiles") if op == "dout rows, then tiles" else None
             for kernel, warps, exact in [("triton", m._TOKEN_TILE_WARPS, True)] + [  # the Triton kernel: the reference
                     ("gluon", w, e) for w, e in TOKEN_TILE_GLUON_VARIANTS]:
                 r = {"shape": name, "T": T, "D": D, "E": E, "K": K, "op": op, "kernel": kernel, "warps": warps,
@@ -319,7 +325,7 @@ def bench_token_tiles(do_bench):
                     finally:
                         os.environ.pop("TITAN_MEGAMOE_POISON")
                     if ref is None:
-                        ref = got
+                        ref = refs[op] = got
                     bad = [i for i, (g, w) in enumerate(zip(got, ref)) if not torch.equal(g.view(torch.uint8),
                                                                                           w.view(torch.uint8))]
                     del got
@@ -337,6 +343,7 @@ def bench_token_tiles(do_bench):
                 cast = "exact cast" if exact else "hardware cast"
                 print(f"token tiles {name} {op} {kernel} {warps}w {cast}: {timing}", flush=True)
             del ref
+        del refs
     return rows
 
 
