@@ -289,9 +289,11 @@ TOKEN_TILE_GLUON_VARIANTS = [(4, True), (8, True), (4, False), (8, False)]  # wa
 
 
 def bench_token_tiles(do_bench):
-    """x's token tiles (`quantize_token_tiles`, gathered) and dout's sorted rows + tiles (`quantize_sorted_rows(...,
-    with_tiles=True)`): the shipped Triton kernel, then each Gluon variant checked bitwise against it (outputs
-    poisoned; the Triton kernel is quant.py's bits by tests/test_quant_kernels.py) and timed."""
+    """x's (and dout's) token tiles (`quantize_token_tiles`, gathered), and dout's sorted rows (`quantize_sorted_rows`:
+    each token quantized once, its e4m3 row gathered) then its tiles, as the FP8 backward makes them: the Triton
+    kernel, then each Gluon variant checked bitwise against it (outputs poisoned; the Triton kernel is quant.py's
+    bits by tests/test_quant_kernels.py) and timed. (Until 2026-12-06 dout's rows and tiles came from one pass of
+    the token-tile kernel; `bench_row_kernels_20261206T063144.json` timed both ways.)"""
     from titan_megamoe.kernels import quantize as m
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
@@ -303,21 +305,16 @@ def bench_token_tiles(do_bench):
         src = torch.randn(T, D, device="cuda", dtype=torch.bfloat16) * torch.exp2(
             torch.randint(-8, 8, (T, 1), device="cuda").float()).to(torch.bfloat16)
         P = plan.layout.num_tiles * 128
-        refs = {}
         for op, fn, nbytes in [("x tiles", lambda: (m.quantize_token_tiles(src, plan),), T * K * D * 2 + D * P),
-                               ("dout rows+tiles", lambda: m.quantize_sorted_rows(src, plan, with_tiles=True),
-                                T * K * D * 3 + D * P),  # bf16 rows read, e4m3 rows + tiles written
-                               # the same outputs from two launches: the rows as x's are made (each token quantized
-                               # once, its e4m3 row gathered), then the tiles alone; checked against the one above
                                ("dout rows, then tiles", lambda: (m.quantize_sorted_rows(src, plan),
                                                                    m.quantize_token_tiles(src, plan)),
-                                T * K * D * 3 + D * P)]:
-            ref = refs.get("dout rows+tiles") if op == "dout rows, then tiles" else None
+                                T * K * D * 3 + D * P)]:  # bf16 rows read, e4m3 rows (+ tiles) written
+            ref = None
             for kernel, warps, exact in [("triton", m._TOKEN_TILE_WARPS, True)] + [  # the Triton kernel: the reference
                     ("gluon", w, e) for w, e in TOKEN_TILE_GLUON_VARIANTS]:
                 r = {"shape": name, "T": T, "D": D, "E": E, "K": K, "op": op, "kernel": kernel, "warps": warps,
                      "exact_cast": exact, "bytes": nbytes}
-                m._TOKEN_TILE_GLUON = None if kernel == "triton" else {"tiles": (warps, exact), "rows": (warps, exact)}
+                m._TOKEN_TILE_GLUON = None if kernel == "triton" else (warps, exact)
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element the kernel skips is NaN, not stale bits
                     try:
@@ -325,7 +322,7 @@ def bench_token_tiles(do_bench):
                     finally:
                         os.environ.pop("TITAN_MEGAMOE_POISON")
                     if ref is None:
-                        ref = refs[op] = got
+                        ref = got
                     bad = [i for i, (g, w) in enumerate(zip(got, ref)) if not torch.equal(g.view(torch.uint8),
                                                                                           w.view(torch.uint8))]
                     del got
@@ -343,7 +340,6 @@ def bench_token_tiles(do_bench):
                 cast = "exact cast" if exact else "hardware cast"
                 print(f"token tiles {name} {op} {kernel} {warps}w {cast}: {timing}", flush=True)
             del ref
-        del refs
     return rows
 
 

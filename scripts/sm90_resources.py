@@ -206,16 +206,16 @@ def gluon_weight_quant(dtype: str = "bf16", num_warps: int = 8, exact_cast: bool
                         source=GluonASTSource)
 
 
-def gluon_token_tiles(with_rows: bool = False, num_warps: int = 4, exact_cast: bool = False):
-    """The Gluon token-tile quantizer (`quantize_gluon`): x's tiles (gathered), or dout's rows and tiles."""
+def gluon_token_tiles(num_warps: int = 4, exact_cast: bool = False):
+    """The Gluon token-tile quantizer (`quantize_gluon`): x's or dout's tiles (gathered)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from titan_megamoe.kernels.quantize_gluon import _token_tiles_kernel
 
-    sig = {"src_ptr": "*bf16", **PLAN, **_types("data_ptr rows_ptr", "*fp8e4nv"),
-           **_types("scale_ptr rows_scale_ptr", "*fp32"), **_types("C num_tiles rows_per_token stride_r", "i32")}
-    return compile_sm90(_token_tiles_kernel, sig, dict(stride_c=1, GATHER=True, WITH_TILES=True, WITH_ROWS=with_rows,
-                                                       EXACT_CAST=exact_cast, num_warps=num_warps),
+    sig = {"src_ptr": "*bf16", **PLAN, "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
+           **_types("C num_tiles rows_per_token stride_r", "i32")}
+    return compile_sm90(_token_tiles_kernel, sig, dict(stride_c=1, GATHER=True, EXACT_CAST=exact_cast,
+                                                       num_warps=num_warps),
                         set(sig), num_warps, 1, source=GluonASTSource)
 
 
@@ -321,8 +321,7 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon weight quant bf16 8 warps": lambda: gluon_weight_quant(),
     "gluon weight quant fp32 4 warps exact": lambda: gluon_weight_quant("fp32", 4, True),
     "gluon token tiles 4 warps": lambda: gluon_token_tiles(),
-    "gluon rows + tiles 4 warps": lambda: gluon_token_tiles(True),
-    "gluon rows + tiles 8 warps exact": lambda: gluon_token_tiles(True, 8, True),
+    "gluon token tiles 4 warps exact": lambda: gluon_token_tiles(4, True),
     "gluon dswiglu fp8 8 warps": lambda: gluon_dswiglu_fp8(8),
     "gluon dswiglu fp8 16 warps exact": lambda: gluon_dswiglu_fp8(16, True),
     "gluon dswiglu fp8 4 warps": lambda: gluon_dswiglu_fp8(4),

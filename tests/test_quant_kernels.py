@@ -302,25 +302,26 @@ def test_quantize_token_tiles_bad_arguments():
 @pytest.mark.parametrize("variant", [(4, True), (8, False)])  # (warps, exact cast)
 def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
     """The Gluon token-tile quantizer (`quantize_gluon.token_tiles`) is quant.py bit for bit, outputs
-    poisoned: every routing case (empty experts, spare tiles, a 1-row tile, contiguous rows, no rows), tiles
-    alone, rows + tiles, sorted source rows, fp32 source with C = 160, for launch shapes beside the shipped
-    ones (which the tests above run on a GPU). In the interpreter the Triton kernel runs."""
+    poisoned: every routing case (empty experts, spare tiles, a 1-row tile, contiguous rows, no rows),
+    gathered and sorted source rows, fp32 source with C = 160, for launch shapes beside the shipped one (which
+    the tests above run on a GPU); the Gluon kernel is checked to have launched. In the interpreter the Triton
+    kernel runs."""
     from titan_megamoe.kernels import quantize as q
     from titan_megamoe.kernels.common import INTERPRET
 
-    monkeypatch.setattr(q, "_TOKEN_TILE_GLUON", {"tiles": variant, "rows": variant})
+    monkeypatch.setattr(q, "_TOKEN_TILE_GLUON", variant)
     if INTERPRET:  # Gluon compiles for GPUs only: the interpreter runs the Triton kernel (the tests above)
-        assert q._token_tile_gluon(False) is None and q._token_tile_gluon(True) is None
         return
-    assert q._token_tile_gluon(False) == variant and q._token_tile_gluon(True) == variant
+    from titan_megamoe.kernels import quantize_gluon
+
+    launched = []
+    real = quantize_gluon.launch
+    monkeypatch.setattr(quantize_gluon, "launch", lambda fn, *a, **kw: (launched.append(kw), real(fn, *a, **kw)))
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
     for case in ["uniform_k2", "k1", "empty_experts", "one_hot_expert", "skewed", "exact_128_and_129", "contiguous",
                  "no_rows"]:
-        src, ref_tiles, ref_rows, plan_ref, plan = _sorted_rows_case(case, seed=_routing(case)[1])
+        src, ref_tiles, _, plan_ref, plan = _sorted_rows_case(case, seed=_routing(case)[1])
         _assert_bitwise(quantize_token_tiles(src.to(DEVICE), plan), ref_tiles, f"gluon tiles {case}")
-        rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
-        _assert_bitwise(rows, ref_rows, f"gluon rows {case}")
-        _assert_bitwise(tiles, ref_tiles, f"gluon rows + tiles {case}")
         sorted_src = src[plan_ref.order_N.long() // plan_ref.rows_per_token]
         _assert_bitwise(quantize_token_tiles(sorted_src.to(DEVICE), plan, sorted_rows=True), ref_tiles,
                         f"gluon sorted-row tiles {case}")
@@ -329,6 +330,7 @@ def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
     ref, _ = _token_tile_reference(src, ids, E)
     _assert_bitwise(quantize_token_tiles(src.to(DEVICE), build_routing_plan(ids.to(DEVICE), E, 128)), ref,
                     "gluon fp32, C=160")
+    assert launched and all(kw["num_warps"] == variant[0] and kw["EXACT_CAST"] == variant[1] for kw in launched)
 
 
 def test_gluon_token_tile_quantizer_host_path(monkeypatch):
@@ -342,22 +344,19 @@ def test_gluon_token_tile_quantizer_host_path(monkeypatch):
     plan = build_routing_plan(ids.to(DEVICE), E, 128)
     src = torch.zeros(ids.shape[0], 384, device=DEVICE)
     data, scale = torch.empty(1, device=DEVICE), torch.empty(2, device=DEVICE)
-    quantize_gluon.token_tiles(src, plan, 2, True, (data, scale, data, data), True, False, 4, False)
+    quantize_gluon.token_tiles(src, plan, 2, True, data, scale, 4, False)
     (fn, grid, args, kw), = calls
     assert fn is quantize_gluon._token_tiles_kernel and grid == (plan.layout.num_tiles, 3)
-    assert args[5] is data and args[6] is scale and args[7] is data and args[8] is data
-    assert args[9:] == (384, plan.layout.num_tiles, 2, 384, 1)
-    assert kw == dict(GATHER=True, WITH_TILES=True, WITH_ROWS=False, EXACT_CAST=False, num_warps=4)
+    assert args[5] is data and args[6] is scale
+    assert args[7:] == (384, plan.layout.num_tiles, 2, 384, 1)
+    assert kw == dict(GATHER=True, EXACT_CAST=False, num_warps=4)
 
 
 @pytest.mark.parametrize("case", ["uniform_k2", "one_hot_expert", "exact_128_and_129", "contiguous", "no_rows"])
 def test_quantize_sorted_rows_matches_quant(case):
-    """Rows gathered into sorted order in 1x128 blocks (and, with_tiles, the token tiles from the same read)."""
-    src, ref_tiles, ref_rows, plan_ref, plan = _sorted_rows_case(case, seed=_routing(case)[1] + 1)
+    """Rows gathered into sorted order in 1x128 blocks."""
+    src, _, ref_rows, _, plan = _sorted_rows_case(case, seed=_routing(case)[1] + 1)
     _assert_bitwise(quantize_sorted_rows(src.to(DEVICE), plan), ref_rows, f"sorted rows {case}")
-    rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
-    _assert_bitwise(rows, ref_rows, f"sorted rows with tiles {case}")
-    _assert_bitwise(tiles, ref_tiles, f"tiles with rows {case}")
 
 
 # ------------------------------------------------------------------------------------------------ poison
@@ -380,10 +379,7 @@ def test_every_output_element_is_written(monkeypatch):
     assert int((plan_ref.tile_expert < 0).sum()) >= 3, "spare tiles with expert -1 must be written too"
     plan = build_routing_plan(ids.to(DEVICE), E, 128)
     _assert_bitwise(quantize_token_tiles(src.to(DEVICE), plan), ref, "poisoned token tiles")
-    rows, tiles = quantize_sorted_rows(src.to(DEVICE), plan, with_tiles=True)
-    _assert_bitwise(tiles, ref, "poisoned tiles with rows")
-    _assert_bitwise(rows, quant.quantize_activation(src[plan_ref.order_N.long() // 2]), "poisoned sorted rows")
-    alone = quantize_sorted_rows(src.to(DEVICE), plan)  # without tiles: per-token quantization + gather
+    alone = quantize_sorted_rows(src.to(DEVICE), plan)  # per-token quantization + gather
     _assert_bitwise(alone, quant.quantize_activation(src[plan_ref.order_N.long() // 2]), "poisoned gathered rows")
 
 
@@ -397,8 +393,7 @@ from sm90_resources import compile_sm90
 from titan_megamoe.kernels import quantize as q
 
 tiles_sig = dict(src_ptr="*bf16", order_ptr="*i32", tile_expert_ptr="*i32", tile_row_ptr="*i32", offsets_ptr="*i32",
-                 data_ptr="*fp8e4nv", scale_ptr="*fp32", rows_ptr="*fp8e4nv", rows_scale_ptr="*fp32", C="i32",
-                 num_tiles="i32", rows_per_token="i32", stride_r="i32", stride_c="i32")
+                 data_ptr="*fp8e4nv", scale_ptr="*fp32", C="i32", num_tiles="i32", rows_per_token="i32", stride_r="i32", stride_c="i32")
 tiles = dict(GATHER=True, BLOCK_M=128, BLOCK_C=q._TOKEN_TILE_COLS, INTERPRET=False)
 weight_sig = dict(w_ptr="*bf16", data_ptr="*fp8e4nv", scale_ptr="*fp32", data_t_ptr="*fp8e4nv", scale_t_ptr="*fp32",
                   R="i32", C="i32", stride_e="i32", stride_r="i32", stride_c="i32")
@@ -410,18 +405,14 @@ jobs = {
                             dict(BLOCK_R=q._GATHER_ROWS, BLOCK_C=c, SCALE_BLOCK=128), q._GATHER_WARPS)
        for c in (q._GATHER_COLS, 512, 256, 128)},
     "sorted token tiles": (q._quantize_token_tiles_kernel, tiles_sig,
-                           dict(tiles, GATHER=False, COL_BLOCKS=2, WITH_TILES=True, WITH_ROWS=False),
-                           q._TOKEN_TILE_WARPS),
+                           dict(tiles, GATHER=False, COL_BLOCKS=2), q._TOKEN_TILE_WARPS),
     "weight pair fp32 W": (q._quantize_weight_pair_kernel, dict(weight_sig, w_ptr="*fp32"),
                            dict(WRITE_W=True, WRITE_WT=False, BLOCK=128, COL_BLOCKS=q._WEIGHT_LAUNCH[torch.float32][1],
                                 INTERPRET=False), q._WEIGHT_LAUNCH[torch.float32][0]),
     "weight pair fp32 W^T": (q._quantize_weight_pair_kernel, dict(weight_sig, w_ptr="*fp32"),
                              dict(WRITE_W=False, WRITE_WT=True, BLOCK=128, COL_BLOCKS=q._WEIGHT_LAUNCH[torch.float32][1],
                                   INTERPRET=False), q._WEIGHT_LAUNCH[torch.float32][0]),
-    "token tiles": (q._quantize_token_tiles_kernel, tiles_sig,
-                    dict(tiles, COL_BLOCKS=2, WITH_TILES=True, WITH_ROWS=False), q._TOKEN_TILE_WARPS),
-    "rows + tiles": (q._quantize_token_tiles_kernel, tiles_sig,
-                     dict(tiles, COL_BLOCKS=1, WITH_TILES=True, WITH_ROWS=True), q._TOKEN_TILE_WARPS),
+    "token tiles": (q._quantize_token_tiles_kernel, tiles_sig, dict(tiles, COL_BLOCKS=2), q._TOKEN_TILE_WARPS),
     "weight pair": (q._quantize_weight_pair_kernel, weight_sig,
                     dict(WRITE_W=True, WRITE_WT=True, BLOCK=128, COL_BLOCKS=q._WEIGHT_LAUNCH[torch.bfloat16][1],
                          INTERPRET=False), q._WEIGHT_LAUNCH[torch.bfloat16][0]),
@@ -441,7 +432,7 @@ def test_quantizers_compile_for_sm90():
     from moe_cases import sm90_compile_results
 
     usage = sm90_compile_results(_SM90_QUANTIZERS)
-    assert len(usage) == 12, sorted(usage)
+    assert len(usage) == 11, sorted(usage)
     assert all("REG:" in u for u in usage.values()), usage
 
 
@@ -452,8 +443,8 @@ from sm90_resources import gluon_weight_quant
 from sm90_resources import gluon_token_tiles
 jobs = {f"weight {dtype} {warps}": gluon_weight_quant(dtype, warps, exact) for dtype, warps, exact in
         [("bf16", 8, False), ("fp32", 4, True)]}  # the shipped launches (quantize._WEIGHT_GLUON)
-jobs.update({f"tiles{' + rows' * rows} {warps}": gluon_token_tiles(rows, warps, exact) for rows, warps, exact in
-             [(False, 4, True), (True, 4, False), (True, 8, True)]})
+jobs.update({f"tiles{' exact' * exact} {warps}": gluon_token_tiles(warps, exact) for warps, exact in
+             [(4, False), (4, True)]})  # the shipped launch (quantize._TOKEN_TILE_GLUON) and its exact cast
 print(json.dumps({k: {f: r[f] for f in ("usage", "e4m3_casts", "global_stores")} for k, r in jobs.items()}))
 """
 
@@ -467,7 +458,7 @@ def test_gluon_quantizers_compile_to_one_cast_per_element():
 
     for name, r in sm90_compile_results(_SM90_GLUON_WEIGHT, timeout=300).items():
         per_thread = 128 * 128 // (32 * int(name.split()[-1]))
-        copies = 2 if "rows" in name or "weight" in name else 1  # a weight's W^T is cast from the moved input tile
+        copies = 2 if "weight" in name else 1  # a weight's W^T is cast from the moved input tile
         stack = re.search(r"STACK:(\d+)", r["usage"])
         assert stack is not None and int(stack.group(1)) == 0, f"{name}: register spills: {r['usage']}"
         assert r["e4m3_casts"] == copies * per_thread // 2, f"{name}: {r['e4m3_casts']} casts, {per_thread} elements"

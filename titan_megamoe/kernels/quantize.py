@@ -231,10 +231,9 @@ def _quantize_weight(where: str, w_ERC: torch.Tensor, want_w: bool):
 def _quantize_token_tiles_kernel(
     src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
     data_ptr, scale_ptr,  # data [C, num_tiles * 128] e4m3; scale [C, num_tiles] fp32
-    rows_ptr, rows_scale_ptr,  # WITH_ROWS: the same rows in sorted order, 1x128 blocks: [N, C], [N, C / 128]
     C, num_tiles, rows_per_token, stride_r, stride_c,
     GATHER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, COL_BLOCKS: tl.constexpr,
-    WITH_TILES: tl.constexpr, WITH_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     tile = tl.program_id(0)
     expert = tl.load(tile_expert_ptr + tile)
@@ -254,40 +253,29 @@ def _quantize_token_tiles_kernel(
         col_ok = cols < C
         x = _fp32(tl.load(src_ptr + src[:, None] * stride_r + cols[None, :] * stride_c,
                           mask=row_ok[:, None] & col_ok[None, :], other=0.0), INTERPRET)  # [BLOCK_M, BLOCK_C]
-        if WITH_ROWS:  # BLOCK_C == 128: one block per row; only the tile's own rows are written
-            row_scale, row_inv = e4m3_scale(tl.max(tl.abs(x), axis=1))
-            qr = to_e4m3(x, row_inv[:, None], INTERPRET)
-            tl.store(rows_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], qr,
-                     mask=row_ok[:, None] & col_ok[None, :])
-            tl.store(rows_scale_ptr + rows.to(tl.int64) * (C // BLOCK_C) + col_block, row_scale, mask=row_ok)
-        if WITH_TILES:
-            scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=0))  # one block per column: the tile's rows
-            q = to_e4m3(x, inv[None, :], INTERPRET)
-            cols = cols.to(tl.int64)
-            P = num_tiles * BLOCK_M
-            tl.store(data_ptr + cols[:, None] * P + tile * BLOCK_M + i[None, :], tl.trans(q), mask=col_ok[:, None])
-            tl.store(scale_ptr + cols * num_tiles + tile, scale, mask=col_ok)
+        scale, inv = e4m3_scale(tl.max(tl.abs(x), axis=0))  # one block per column: the tile's rows
+        q = to_e4m3(x, inv[None, :], INTERPRET)
+        cols = cols.to(tl.int64)
+        P = num_tiles * BLOCK_M
+        tl.store(data_ptr + cols[:, None] * P + tile * BLOCK_M + i[None, :], tl.trans(q), mask=col_ok[:, None])
+        tl.store(scale_ptr + cols * num_tiles + tile, scale, mask=col_ok)
 
 
 _TOKEN_TILE_COLS = 128
-# One-warpgroup programs; a tiles-only program does two column blocks in turn (the second block's loads
-# overlap the first's transposed store). H200, 30B-A3B shape (T=16384, K=8, D=2048), ms, bitwise the
-# same outputs: tiles 0.886 (8 warps, 1 block) -> 0.484; rows + tiles 1.107 -> 0.825 (4 warps, 1 block);
-# docs/results/quantize_20261204/qvar_h200.json.
+# One-warpgroup programs doing two column blocks in turn (the second block's loads overlap the first's
+# transposed store). H200, 30B-A3B shape (T=16384, K=8, D=2048), bitwise the same outputs: 0.886 ms (8 warps,
+# 1 block) -> 0.484; docs/results/quantize_20261204/qvar_h200.json.
 _TOKEN_TILE_WARPS = 4
-# On a GPU the Gluon kernel runs in its place (`quantize_gluon.token_tiles`: each element cast once per copy
-# in its load layout, the token tiles stored through a layout change of the e4m3 tile): (warps, exact cast)
-# for tiles alone (x) and for sorted rows + tiles (dout); None: the Triton kernel. On the H100 (2026-12-05,
-# docs/results/gluon_20261205_h100/, `bench_row_kernels.py --sections token_tiles`, outputs bitwise the
-# Triton kernel's): 30B-A3B x's tiles 490 -> 360 us, dout's rows + tiles 813 -> 623 us; 235B-A22B 965 -> 708,
-# 1643 -> 1298. Triton's interpreter cannot run Gluon: there the Triton kernel runs (the CPU tests hold it
-# to quant.py; the GPU tests hold the Gluon kernel to quant.py).
-_TOKEN_TILE_GLUON: dict[str, tuple[int, bool]] | None = {"tiles": (4, False), "rows": (8, False)}
-
-
-def _token_tile_gluon(rows: bool) -> tuple[int, bool] | None:
-    """The Gluon launch (warps, exact cast) for this call, or None for the Triton kernel."""
-    return None if INTERPRET or _TOKEN_TILE_GLUON is None else _TOKEN_TILE_GLUON["rows" if rows else "tiles"]
+# On a GPU the Gluon kernel runs in its place (`quantize_gluon.token_tiles`: each element cast once in its load
+# layout, the token tiles stored through a layout change of the e4m3 tile): (warps, exact cast), or None for the
+# Triton kernel. On the H100 (2026-12-05, docs/results/gluon_20261205_h100/, `bench_row_kernels.py --sections
+# token_tiles`, outputs bitwise the Triton kernel's): 30B-A3B x's tiles 490 -> 360 us, 235B-A22B 965 -> 708.
+# Triton's interpreter cannot run Gluon: there the Triton kernel runs (the CPU tests hold it to quant.py; the
+# GPU tests hold the Gluon kernel to quant.py).
+# dout's sorted rows and tiles were one pass of these kernels until 2026-12-06 (`with_tiles`, removed): its
+# rows as x's are made (`quantize_sorted_rows`) and then its tiles here measured faster, 548 against 625 us
+# (30B-A3B) and 1093 against 1304 us (235B-A22B) on an H100 (docs/results/bench_row_kernels_20261206T063144.json)
+_TOKEN_TILE_GLUON: tuple[int, bool] | None = (4, False)
 
 
 def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: bool = False) -> BlockScaled:
@@ -306,7 +294,7 @@ def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: b
     columns (masked: no copy of the sorted rows is made), takes each column's amax over the rows and
     writes the block transposed."""
     K = _check_gathered("quantize_token_tiles", src_RC, plan, sorted_rows, tiles=True)
-    return _gathered(src_RC, plan, K, sorted_rows, tiles=True, rows=False)[0]
+    return _token_tiles(src_RC, plan, K, sorted_rows)
 
 
 def _check_gathered(where: str, src_RC, plan: RoutingPlan, sorted_rows: bool, tiles: bool) -> int:
@@ -326,54 +314,41 @@ def _check_gathered(where: str, src_RC, plan: RoutingPlan, sorted_rows: bool, ti
     return K
 
 
-def _gathered(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool, tiles: bool, rows: bool):
+def _token_tiles(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool) -> BlockScaled:
     C = src_RC.shape[1]
-    N = plan.num_rows
     num_tiles = plan.layout.num_tiles
     bm = plan.layout.block_m
     dev = src_RC.device
-    data, scale = ((new_output((C, num_tiles * bm), quant.E4M3, dev), new_output((C, num_tiles), torch.float32, dev))
-                   if tiles else (None, None))
-    rows_data, rows_scale = ((new_output((N, C), quant.E4M3, dev), new_output((N, C // BLOCK), torch.float32, dev))
-                             if rows else (None, None))
-    # both kernels take all four outputs: one not wanted is a stand-in they never write (WITH_TILES, WITH_ROWS)
-    some = data if tiles else rows_data
-    outs = (data if tiles else some, scale if tiles else some, rows_data if rows else some,
-            rows_scale if rows else some)
-    gluon = _token_tile_gluon(rows)
+    data = new_output((C, num_tiles * bm), quant.E4M3, dev)
+    scale = new_output((C, num_tiles), torch.float32, dev)
+    gluon = None if INTERPRET else _TOKEN_TILE_GLUON
     if num_tiles and C and gluon is not None:
         from . import quantize_gluon  # imported only where it runs: Gluon compiles for GPUs only
 
-        quantize_gluon.token_tiles(src_RC, plan, K, not sorted_rows, outs, tiles, rows, *gluon)
+        quantize_gluon.token_tiles(src_RC, plan, K, not sorted_rows, data, scale, *gluon)
     elif num_tiles and C:
         col_blocks = triton.cdiv(C, _TOKEN_TILE_COLS)
-        per_program = 2 if not rows and col_blocks % 2 == 0 else 1
+        per_program = 2 if col_blocks % 2 == 0 else 1
         launch(
             _quantize_token_tiles_kernel, (num_tiles, col_blocks // per_program),
             src_RC, plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1,
-            *outs, C, num_tiles, K, src_RC.stride(0), src_RC.stride(1),
-            GATHER=not sorted_rows, BLOCK_M=bm, BLOCK_C=_TOKEN_TILE_COLS, COL_BLOCKS=per_program, WITH_TILES=tiles,
-            WITH_ROWS=rows, INTERPRET=INTERPRET, num_warps=_TOKEN_TILE_WARPS,
+            data, scale, C, num_tiles, K, src_RC.stride(0), src_RC.stride(1),
+            GATHER=not sorted_rows, BLOCK_M=bm, BLOCK_C=_TOKEN_TILE_COLS, COL_BLOCKS=per_program,
+            INTERPRET=INTERPRET, num_warps=_TOKEN_TILE_WARPS,
         )
-    return (BlockScaled(data, scale, quant.ACTIVATION_BLOCK) if tiles else None,
-            BlockScaled(rows_data, rows_scale, quant.ACTIVATION_BLOCK) if rows else None)
+    return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
 
 
-def quantize_sorted_rows(src_RC: torch.Tensor, plan: RoutingPlan, with_tiles: bool = False):
+def quantize_sorted_rows(src_RC: torch.Tensor, plan: RoutingPlan) -> BlockScaled:
     """The plan's expert-sorted rows of src (row p = src_RC[order[p] // rows_per_token]) quantized in 1x128
     row blocks, [N, C] (+ scale [N, C / 128]): bitwise quantize_rows(src_RC)'s rows gathered into sorted
-    order. With `with_tiles` also `quantize_token_tiles(src_RC, plan)` from the same read: returns
-    (rows, tiles). Why: a GEMM whose rows are contiguous in sorted order reads them through TMA, where a
-    gathered FP8 tile costs 64 address registers per thread (the gathering GEMM1 and dgrad spilled).
-    Without tiles each token is quantized once (`quantize_rows`) and its e4m3 row copied into every sorted
-    row it feeds (`_gather_rows`); with tiles one pass over the gathered source rows writes both."""
-    K = _check_gathered("quantize_sorted_rows", src_RC, plan, False, tiles=with_tiles)
+    order. Why: a GEMM whose rows are contiguous in sorted order reads them through TMA, where a gathered
+    FP8 tile costs 64 address registers per thread (the gathering GEMM1 and dgrad spilled). Each token is
+    quantized once (`quantize_rows`) and its e4m3 row copied into every sorted row it feeds (`_gather_rows`)."""
+    K = _check_gathered("quantize_sorted_rows", src_RC, plan, False, tiles=False)
     check_multiple_of(f"quantize_sorted_rows: shape {tuple(src_RC.shape)}", {"C (columns)": src_RC.shape[1]}, BLOCK,
                       _HINT)
-    if not with_tiles:
-        return _gather_rows(quantize_rows(src_RC), plan, K)
-    tiles, rows = _gathered(src_RC, plan, K, False, tiles=True, rows=True)
-    return rows, tiles
+    return _gather_rows(quantize_rows(src_RC), plan, K)
 
 
 @triton.jit

@@ -2,8 +2,8 @@
 interpreter cannot run Gluon: there the Triton kernels run; both are held to quant.py bit for bit):
 - `weight_pair`: W and W^T from one read of each 128x128 block, fp32 weights in one pass too
   (`quantize._WEIGHT_GLUON`; on an H100 1.71x the Triton kernel for bf16 weights, 1.65x for fp32);
-- `token_tiles`: the token tiles and sorted rows + tiles (`quantize._TOKEN_TILE_GLUON`; 1.27-1.36x);
-- `store_rows_e4m3`, `store_token_tile_e4m3`: the stores they and `dswiglu_fp8_gluon` share.
+- `token_tiles`: the token tiles (`quantize._TOKEN_TILE_GLUON`; 1.36x);
+- `store_token_tile_e4m3` (the token tiles and `dswiglu_fp8_gluon`) and `store_rows_e4m3` (`dswiglu_fp8_gluon`): shared stores.
 
 Why: the Triton kernels run at ~1.7 TB/s. The sm_90 compile of the weight kernel shows Triton moving the
 input tile through shared memory into the transposed layout and quantizing it there again, and fp32
@@ -105,13 +105,11 @@ def _weight_pair_kernel(w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, R, 
 
 
 @gluon.jit
-def _token_tiles_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, data_ptr, scale_ptr, rows_ptr,
-                        rows_scale_ptr, C, num_tiles, rows_per_token, stride_r, stride_c, GATHER: gl.constexpr,
-                        WITH_TILES: gl.constexpr, WITH_ROWS: gl.constexpr, EXACT_CAST: gl.constexpr,
+def _token_tiles_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, data_ptr, scale_ptr, C,
+                        num_tiles, rows_per_token, stride_r, stride_c, GATHER: gl.constexpr, EXACT_CAST: gl.constexpr,
                         num_warps: gl.constexpr):
     # one plan tile (128 sorted rows of one expert) x 128 columns: data [C, num_tiles * 128] e4m3 and scale
-    # [C, num_tiles] (WITH_TILES: one block per column over the tile's rows, stored transposed); rows [N, C]
-    # and rows_scale [N, C / 128] (WITH_ROWS: one block per row)
+    # [C, num_tiles], one block per column over the tile's rows, stored transposed
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     tile = gl.program_id(0)
     col_block = gl.program_id(1)
@@ -129,10 +127,7 @@ def _token_tiles_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offse
     col_ok = cols < C
     x = gl.load(src_ptr + src.to(gl.int64)[:, None] * stride_r + cols[None, :] * stride_c,
                 mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(gl.float32)
-    if WITH_ROWS:
-        store_rows_e4m3(rows_ptr, rows_scale_ptr, x, rows, row_ok, cols, col_ok, C, col_block, EXACT_CAST)
-    if WITH_TILES:
-        store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col_block * 128, C, num_tiles * 128, EXACT_CAST, num_warps)
+    store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col_block * 128, C, num_tiles * 128, EXACT_CAST, num_warps)
 
 
 def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool, num_warps: int,
@@ -145,14 +140,12 @@ def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool
            num_warps=num_warps)
 
 
-def token_tiles(src_RC: torch.Tensor, plan, K: int, gather: bool, outs, with_tiles: bool, with_rows: bool,
-                num_warps: int, exact_cast: bool) -> None:
-    """`quantize._gathered`'s kernel in Gluon: fill the token tiles and/or the sorted rows, `outs` = (tile data,
-    tile scale, row data, row scale) as `_gathered` passes them to the Triton kernel (stand-ins where not
-    wanted), from src_RC's rows in the plan's order (gathered through plan.order_N // K, or src_RC's own rows
-    when not `gather`)."""
+def token_tiles(src_RC: torch.Tensor, plan, K: int, gather: bool, data, scale, num_warps: int,
+                exact_cast: bool) -> None:
+    """`quantize._token_tiles`' kernel in Gluon: fill the token tiles `data` [C, P] and `scale` [C, P / 128] from
+    src_RC's rows in the plan's order (gathered through plan.order_N // K, or src_RC's own rows when not
+    `gather`)."""
     C = src_RC.shape[1]
     launch(_token_tiles_kernel, (plan.layout.num_tiles, triton.cdiv(C, BLOCK)), src_RC, plan.order_N,
-           plan.tile_expert, plan.tile_row, plan.offsets_E1, *outs, C, plan.layout.num_tiles, K, src_RC.stride(0),
-           src_RC.stride(1), GATHER=gather, WITH_TILES=with_tiles, WITH_ROWS=with_rows, EXACT_CAST=exact_cast,
-           num_warps=num_warps)
+           plan.tile_expert, plan.tile_row, plan.offsets_E1, data, scale, C, plan.layout.num_tiles, K,
+           src_RC.stride(0), src_RC.stride(1), GATHER=gather, EXACT_CAST=exact_cast, num_warps=num_warps)

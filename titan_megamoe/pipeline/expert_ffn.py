@@ -97,8 +97,9 @@ def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EH
             w1t, w2t, w3t = _transposed_weights(residuals)
         else:  # fp8_bwd: the forward ran bf16
             w1t, w2t, w3t = (quantize_weight_transposed(w) for w in (w1_EHD, w2_EDH, w3_EHD))
-        # dout read once: sorted 1x128 rows for dgrad, token tiles for dW2
-        dy_rows, dy_tiles = quantize_sorted_rows(dy_RD, plan, with_tiles=True)
+        # dout's sorted 1x128 rows for dgrad (as x's: each token quantized once, its e4m3 row gathered) and its
+        # token tiles for dW2: two launches, faster than one pass writing both (docs/kernels.md)
+        dy_rows, dy_tiles = quantize_sorted_rows(dy_RD, plan), quantize_token_tiles(dy_RD, plan)
         dg, du, tiles, ds_N = dgrad_swiglu(dy_rows, w2t, g, u, scores_N, plan, FP8)
         dx_ND = expert_input_grad(dg, du, w1t, w3t, plan, recipe.activation, FP8)
         return dx_ND, ds_N, (dy_tiles, *tiles)

@@ -43,7 +43,7 @@ def make_problem_fp8(D, H, E, K, T, seed=0, device="cuda"):
     w1q, w2q, w3q = (quantize_weight_pair(p[n]) for n in ("w1", "w2", "w3"))
     x_rows = quantize_sorted_rows(p["x"], plan)
     _, _, h = gemm1_swiglu(x_rows, w1q[0], w3q[0], plan, bf, "fp8", sorted_rows=True)
-    dout_rows, dout_tiles = quantize_sorted_rows(p["dout"], plan, with_tiles=True)
+    dout_rows, dout_tiles = quantize_sorted_rows(p["dout"], plan), quantize_token_tiles(p["dout"], plan)
     dg, du, (dg_t, du_t, hs_t), _ = dgrad_swiglu(dout_rows, w2q[1], p["g"], p["u"], p["s"], plan, "fp8")
     return dict(plan=plan, w1=w1q, w2=w2q, w3=w3q, x_rows=x_rows, h=h, dout_rows=dout_rows, dg=dg, du=du,
                 dout_tiles=dout_tiles, dg_tiles=dg_t, du_tiles=du_t, hs_tiles=hs_t,
