@@ -314,32 +314,19 @@ def test_wgrad_fp8_qwen3_30b_layer():
 
 
 # In a fresh process: with TRITON_INTERPRET=1 in this one, triton's own library functions are interpreted
-# too, so a real compile cannot happen here (test_kernel_wgrad.py does the same for the bf16 kernel).
+# too, so a real compile cannot happen here. The signature is scripts/sm90_resources.py's (one definition of
+# how the launcher calls the kernel), at the shipped config's tiles.
 _SM90_COMPILE = r"""
 import json, sys
 sys.path.insert(0, "scripts")
-from sm90_resources import compile_sm90 as compile_kernel  # the one sm_90 compile + SASS check
-from titan_megamoe.kernels import wgrad
+from sm90_resources import wgrad_fp8
 from titan_megamoe.kernels.configs import tile_config
 
 def compile_sm90(kind):
     cfg = tile_config(f"wgrad_{kind}", 2048, 768, "fp8")
-    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    if cfg.tma:
-        srcs = dict(a_src=f"tensordesc<fp8e4nv[{bm}, {bk}]>", a2_src=f"tensordesc<fp8e4nv[{bm}, {bk}]>",
-                    b_src=f"tensordesc<fp8e4nv[{bn}, {bk}]>")
-    else:
-        srcs = dict.fromkeys(["a_src", "a2_src", "b_src"], "*fp8e4nv")
-    ptrs = dict(a_scale_ptr="*fp32", a2_scale_ptr="*fp32", b_scale_ptr="*fp32", offsets_ptr="*i32",
-                expert_slot_ptr="*i32", c_ptr="*bf16", c2_ptr="*bf16")
-    ints = dict.fromkeys(["M", "N", "stride_a", "stride_b", "stride_sa", "stride_sb", "stride_ce", "stride_cm"],
-                         "i32")
-    constexprs = dict(DUAL=kind == "w13", EVEN_M=True, EVEN_N=True, OUT_BF16=True, TMA=cfg.tma, INTERPRET=False,
-                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCK_E=128)
-    signature = {**srcs, **ptrs, **ints}
-    aligned = set(ptrs) | set(ints) - {"stride_sa", "stride_sb"} | (set() if cfg.tma else set(srcs))
-    res = compile_kernel(wgrad._expert_wgrad_fp8_kernel, signature, constexprs, aligned, cfg.num_warps, cfg.num_stages)
-    return dict(config=[bm, bn, cfg.num_warps, cfg.num_stages], **res)
+    assert cfg.tma, "wgrad_fp8 compiles the TMA form, which the shipped FP8 config must be"
+    res = wgrad_fp8(kind == "w13", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+    return dict(config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages], **res)
 
 print(json.dumps({kind: compile_sm90(kind) for kind in ("w2", "w13")}))
 """
@@ -347,17 +334,9 @@ print(json.dumps({kind: compile_sm90(kind) for kind in ("w2", "w13")}))
 
 @pytest.fixture(scope="module")
 def sm90_compiles():
-    import json
-    import os
-    import subprocess
-    import sys
+    from moe_cases import sm90_compile_results
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", _SM90_COMPILE], capture_output=True, text=True, env=env, cwd=root,
-                          timeout=300)
-    assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return sm90_compile_results(_SM90_COMPILE, timeout=300)
 
 
 @pytest.mark.parametrize("kind", ["w2", "w13"])
