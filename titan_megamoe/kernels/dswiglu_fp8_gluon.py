@@ -36,6 +36,31 @@ from .quantize_gluon import store_rows_e4m3, store_token_tile_e4m3
 
 
 @gluon.jit
+def _item(tile, pid_n, expert, tile_row_ptr, offsets_ptr, order_ptr, scores_ptr, ld: gl.constexpr):
+    """A work item's sorted rows (those past the expert's end masked: zeros, the token tile's padding), its 128
+    columns, the rows' routed positions and scores."""
+    rows = gl.load(tile_row_ptr + tile) + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
+    row_ok = rows < gl.load(offsets_ptr + expert + 1)
+    offs_n = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
+    routed = gl.load(order_ptr + rows, mask=row_ok, other=0)
+    return rows, row_ok, offs_n, routed, gl.load(scores_ptr + routed, mask=row_ok, other=0.0)
+
+
+@gluon.jit
+def _store_item(dg, du, hs, ds_part, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr, du_s_ptr,
+                dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P, EXACT_CAST: gl.constexpr,
+                num_warps: gl.constexpr):
+    """A work item's outputs: s*h, dg, du as token tiles, dg and du as 1x128 rows, ds's share."""
+    n_ok = offs_n < H
+    store_token_tile_e4m3(hst_ptr, hst_s_ptr, hs, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
+    store_token_tile_e4m3(dgt_ptr, dgt_s_ptr, dg, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
+    store_rows_e4m3(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
+    store_token_tile_e4m3(dut_ptr, dut_s_ptr, du, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
+    store_rows_e4m3(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
+    gl.store(ds_part_ptr + routed.to(gl.int64) * (H // 128) + pid_n, ds_part, mask=row_ok)
+
+
+@gluon.jit
 def _dswiglu_fp8_kernel(q_ptr, g_ptr, u_ptr, scores_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
                         dg_ptr, dg_s_ptr, du_ptr, du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr,
                         ds_part_ptr, H, P, EXACT_CAST: gl.constexpr, num_warps: gl.constexpr):
@@ -48,20 +73,11 @@ def _dswiglu_fp8_kernel(q_ptr, g_ptr, u_ptr, scores_ptr, order_ptr, tile_expert_
     expert = gl.load(tile_expert_ptr + tile)
     if expert < 0:  # past the real count: the weight gradients never read this tile
         return
-    rows = gl.load(tile_row_ptr + tile) + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
-    row_ok = rows < gl.load(offsets_ptr + expert + 1)  # rows past the expert's end: zeros (token-tile padding)
-    offs_n = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
-    n_ok = offs_n < H
-    routed = gl.load(order_ptr + rows, mask=row_ok, other=0)
-    s = gl.load(scores_ptr + routed, mask=row_ok, other=0.0)
+    rows, row_ok, offs_n, routed, s = _item(tile, pid_n, expert, tile_row_ptr, offsets_ptr, order_ptr, scores_ptr, ld)
     q = gl.load(q_ptr + rows.to(gl.int64)[:, None] * H + offs_n[None, :], mask=row_ok[:, None], other=0.0)
     dg, du, hs, ds_part = dswiglu_values_bf16(q.to(gl.float32), rows, row_ok, offs_n, H, g_ptr, u_ptr, s, False)
-    store_token_tile_e4m3(hst_ptr, hst_s_ptr, hs, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    store_token_tile_e4m3(dgt_ptr, dgt_s_ptr, dg, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    store_rows_e4m3(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-    store_token_tile_e4m3(dut_ptr, dut_s_ptr, du, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    store_rows_e4m3(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-    gl.store(ds_part_ptr + routed.to(gl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+    _store_item(dg, du, hs, ds_part, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr, du_s_ptr,
+                dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P, EXACT_CAST, num_warps)
 
 
 @gluon.jit
@@ -125,23 +141,16 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, order_ptr
         tile = item // num_n
         pid_n = item % num_n
         expert = gl.load(tile_expert_ptr + tile)
-        rows = gl.load(tile_row_ptr + tile) + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
-        row_ok = rows < gl.load(offsets_ptr + expert + 1)  # rows past the expert's end: zeros (token-tile padding)
-        offs_n = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
-        n_ok = offs_n < H
-        routed = gl.load(order_ptr + rows, mask=row_ok, other=0)
-        s = gl.load(scores_ptr + routed, mask=row_ok, other=0.0)
+        rows, row_ok, offs_n, routed, s = _item(tile, pid_n, expert, tile_row_ptr, offsets_ptr, order_ptr, scores_ptr,
+                                                ld)
         mbarrier.wait(ready.index(stage), (i // 2) & 1)
         q = gl.where(row_ok[:, None], q_smem.index(stage).load(ld).to(gl.float32), 0.0)
         g = gl.where(row_ok[:, None], g_smem.index(stage).load(ld).to(gl.float32), 0.0)
         u = gl.where(row_ok[:, None], u_smem.index(stage).load(ld).to(gl.float32), 0.0)
         dg, du, hs, ds_part = dswiglu_math_bf16(q, g, u, s, False)
-        store_token_tile_e4m3(hst_ptr, hst_s_ptr, hs, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-        store_token_tile_e4m3(dgt_ptr, dgt_s_ptr, dg, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-        store_rows_e4m3(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-        store_token_tile_e4m3(dut_ptr, dut_s_ptr, du, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-        store_rows_e4m3(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-        gl.store(ds_part_ptr + routed.to(gl.int64) * num_n + pid_n, ds_part, mask=row_ok)
+        _store_item(dg, du, hs, ds_part, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr,
+                    du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P, EXACT_CAST,
+                    num_warps)
     for st in gl.static_range(2):
         mbarrier.invalidate(ready.index(st))
 
