@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .common import tma_ok
+from .common import multiprocessors, tma_ok
 from .epilogue import dswiglu_math_bf16, dswiglu_values_bf16
 from .fp8_rows_gluon import _cta_barrier, _tma_load
 from .launch import launch
@@ -168,11 +168,10 @@ def dswiglu_fp8(q_NH, g_NH, u_NH, scores_N, plan, row_args, tile_args, ds_part, 
     H = g_NH.shape[1]
     num_tiles = plan.layout.num_tiles
     if persistent and all(t.dtype == torch.bfloat16 for t in (q_NH, g_NH, u_NH)) and tma_ok(q_NH, g_NH, u_NH):
-        sms = torch.cuda.get_device_properties(q_NH.device).multi_processor_count
-        launch(_dswiglu_fp8_persistent_kernel, (min(sms, num_tiles * (H // 128)),), _descriptor(q_NH),
-               _descriptor(g_NH), _descriptor(u_NH), scores_N, plan.order_N, plan.tile_expert, plan.tile_row,
-               plan.offsets_E1, *row_args, *tile_args, ds_part, H, num_tiles * 128, num_tiles, EXACT_CAST=exact_cast,
-               num_warps=num_warps)
+        launch(_dswiglu_fp8_persistent_kernel, (min(multiprocessors(q_NH.device), num_tiles * (H // 128)),),
+               _descriptor(q_NH), _descriptor(g_NH), _descriptor(u_NH), scores_N, plan.order_N, plan.tile_expert,
+               plan.tile_row, plan.offsets_E1, *row_args, *tile_args, ds_part, H, num_tiles * 128, num_tiles,
+               EXACT_CAST=exact_cast, num_warps=num_warps)
         return
     launch(_dswiglu_fp8_kernel, (num_tiles * (H // 128),), q_NH, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert,
            plan.tile_row, plan.offsets_E1, *row_args, *tile_args, ds_part, H, num_tiles * 128, EXACT_CAST=exact_cast,
