@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import environment, result_path  # noqa: E402
 
 SHAPES = {"30b": (16384, 8, 128, 2048, 768), "235b": (16384, 8, 128, 4096, 1536)}  # T, K, E, D, H
-# block_m, block_n, warps, stages, warp-specialised (a producer warp; two consumer warpgroups at 128 rows)
+# block_m, block_n, warps, stages, warp-specialised (`fp8_rows_ws_gluon`: persistent, a producer warp and two
+# consumer warpgroups of 64 rows; block_m and warps are then the kernel's own, 128 and 4 + 4)
 VARIANTS = [
     (64, 128, 4, 3, False), (64, 128, 4, 4, False), (128, 128, 8, 3, False), (128, 128, 8, 4, False),
     (128, 128, 8, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 5, True)]
@@ -125,6 +126,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--kernels", nargs="+", default=["dgrad_q", "gemm2", "dx", "gemm1"],
                     choices=["dgrad_q", "gemm2", "dx", "gemm1"])
+    ap.add_argument("--variants", nargs="+", type=int, default=None,
+                    help="indices into VARIANTS to run (default: all)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_fp8_gluon.py needs a CUDA GPU")
@@ -134,6 +137,7 @@ def main():
     from titan_megamoe.precision import BlockScaled
     from titan_megamoe.quant import dequantize
     from titan_megamoe.kernels.fp8_rows_gluon import fp8_row_gemm
+    from titan_megamoe.kernels.fp8_rows_ws_gluon import fp8_row_gemm_ws
     from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
@@ -206,14 +210,16 @@ def main():
             print(f"{shape} {name}: triton {t_us:.1f} us ({row['triton_tflops']:.0f} TFLOP/s), "
                   f"err {row['triton_rel_err_vs_fp64']:.2e}", flush=True)
             row["gluon"] = []
-            for bm, bn, warps, stages, ws in VARIANTS:
-                knobs = dict(block_m=bm, block_n=bn, num_warps=warps, stages=stages, warp_specialize=ws)
+            for bm, bn, warps, stages, ws in (VARIANTS if a.variants is None else [VARIANTS[i] for i in a.variants]):
+                knobs = dict(block_n=bn, stages=stages) if ws else dict(block_m=bm, block_n=bn, num_warps=warps,
+                                                                         stages=stages)
+                gemm = fp8_row_gemm_ws if ws else fp8_row_gemm
                 rec = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "warp_specialize": ws}
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"
 
                     def call():
-                        return fp8_row_gemm(plan=plan, **gkw, **knobs)
+                        return gemm(plan=plan, **gkw, **knobs)
 
                     out = call()
                     torch.cuda.synchronize()

@@ -29,7 +29,7 @@ from triton.compiler import ASTSource
 
 
 def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps: int, num_stages: int,
-                 source=ASTSource) -> dict:
+                 source=ASTSource, maxnreg: int | None = None) -> dict:
     """Compile jitted `fn` for sm_90 with these argument types (`signature`, the constexprs excluded) and
     16-byte divisibility on the `aligned` arguments; returns what the SASS and resource usage say.
 
@@ -43,7 +43,8 @@ def compile_sm90(fn, signature: dict, constexprs: dict, aligned: set, num_warps:
     signature = {n: signature.get(n, "constexpr") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature) if name in aligned}
     k = triton.compile(source(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
+                       options=dict(num_warps=num_warps, num_stages=num_stages,
+                                    **({"maxnreg": maxnreg} if maxnreg else {})))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(k.asm["cubin"])
@@ -151,25 +152,44 @@ def wgrad_fp8(dual: bool, block_m: int = 64, block_n: int = 128, num_warps: int 
     return _row_kernel(wgrad._expert_wgrad_fp8_kernel, sig, const, num_warps, num_stages)
 
 
-def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False,
-               ws: bool = False):
+def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4, sorted_out: bool = False):
     """The Gluon block-FP8 row GEMM (`fp8_rows_gluon`): GEMM2 and dx are one binary (dx's second pair is
     runtime arguments and K blocks), dgrad's q the `sorted_out` one."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from titan_megamoe.kernels.fp8_rows_gluon import _fp8_rows_kernel
 
+    sig = {**_gluon_fp8_descs(block_m, block_n), **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"), **PLAN,
+           "out_ptr": "*bf16", **_types("N KD ND NK1", "i32")}
+    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
+    return compile_sm90(_fp8_rows_kernel, sig, dict(SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=128 // block_m,
+                                                    BLOCK_N=block_n, STAGES=stages, num_warps=num_warps),
+                        aligned, num_warps, 1, source=GluonASTSource)
+
+
+def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False):
+    """The persistent warp-specialised Gluon block-FP8 row GEMM (`fp8_rows_ws_gluon`), as it launches."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
+
+    sig = {**_gluon_fp8_descs(ws.HALF_M.value, block_n), **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"), **PLAN,
+           "out_ptr": "*bf16", **_types("N KD ND NK1 num_items", "i32")}
+    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
+    return compile_sm90(ws._fp8_rows_ws_kernel, sig,
+                        dict(SORTED_OUT=sorted_out, BLOCK_N=block_n, STAGES=stages, CONSUMER_REGS=ws.CONSUMER_REGS,
+                             PRODUCER_REGS=ws.PRODUCER_REGS),
+                        aligned, 4, 1, source=GluonASTSource, maxnreg=ws.MAXNREG)
+
+
+def _gluon_fp8_descs(block_m: int, block_n: int) -> dict:
+    """The four e4m3 operand descriptors of the Gluon row GEMMs (A tiles block_m x 128, B block_n x 128)."""
+    from triton.experimental.gluon import language as gl
+
     def desc(rows):
         return f"tensordesc<fp8e4nv[{rows}, 128],{gl.NVMMASharedLayout.get_default_for([rows, 128], gl.float8e4nv)!r}>"
 
-    sig = {"a1_desc": desc(block_m), "b1_desc": desc(block_n), "a2_desc": desc(block_m), "b2_desc": desc(block_n),
-           **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"), **PLAN, "out_ptr": "*bf16",
-           **_types("N KD ND NK1", "i32")}
-    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
-    return compile_sm90(_fp8_rows_kernel, sig, dict(SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=128 // block_m,
-                                                    BLOCK_N=block_n, STAGES=stages, WS=ws, num_warps=num_warps),
-                        aligned, num_warps, 1, source=GluonASTSource)
+    return {"a1_desc": desc(block_m), "b1_desc": desc(block_n), "a2_desc": desc(block_m), "b2_desc": desc(block_n)}
 
 
 def gluon_gemm1(block_m: int = 64, num_warps: int = 4, stages: int = 4):
@@ -315,7 +335,8 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon gemm2/dx 64 rows 4 warps": lambda: gluon_rows(),
     "gluon dgrad q 64 rows 4 warps": lambda: gluon_rows(sorted_out=True),
     "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(block_m=128, num_warps=8),
-    "gluon gemm2/dx 128 rows 8 warps, warp-specialised": lambda: gluon_rows(block_m=128, num_warps=8, ws=True),
+    "gluon gemm2/dx persistent, warp-specialised, 4 stages": lambda: gluon_rows_ws(),
+    "gluon dgrad q persistent, warp-specialised, 4 stages": lambda: gluon_rows_ws(sorted_out=True),
     "gluon gemm1 64 rows 4 warps": lambda: gluon_gemm1(),
     "gluon gemm1 128 rows 8 warps 3 stages": lambda: gluon_gemm1(128, 8, 3),
     "gluon weight quant bf16 8 warps": lambda: gluon_weight_quant(),

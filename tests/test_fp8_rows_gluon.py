@@ -18,10 +18,11 @@ GPU = torch.cuda.is_available()
 _SM90_GLUON = r"""
 import json, sys
 sys.path.insert(0, "scripts")
-from sm90_resources import gluon_rows
+from sm90_resources import gluon_rows, gluon_rows_ws
 jobs = {"gemm2 64x128 4 warps": gluon_rows(), "dgrad q 64x128 4 warps": gluon_rows(sorted_out=True),
         "gemm2 128x128 8 warps": gluon_rows(block_m=128, num_warps=8),
-        "gemm2 128x128 8 warps, warp-specialised": gluon_rows(block_m=128, num_warps=8, ws=True)}
+        "gemm2 persistent, warp-specialised": gluon_rows_ws(),
+        "dgrad q persistent, warp-specialised": gluon_rows_ws(sorted_out=True)}
 print(json.dumps({k: {f: r[f] for f in ("qgmma", "usage", "wgmma_waits")} for k, r in jobs.items()}))
 """
 
@@ -37,8 +38,9 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
         assert r["qgmma"] > 0, f"{name}: no QGMMA in the SASS"
         stack = re.search(r"STACK:(\d+)", r["usage"])
         assert stack is not None and int(stack.group(1)) == 0, f"{name}: register spills: {r['usage']}"
-        # the warp-specialised loop waits for each MMA (its two consumer warpgroups cover each other)
-        want = ["0"] if "warp-specialised" in name else ["1", "0"]
+        # the warp-specialised loop waits for each MMA (its two consumer warpgroups, one wait each in the
+        # PTX, cover each other)
+        want = ["0", "0"] if "warp-specialised" in name else ["1", "0"]
         assert r["wgmma_waits"] == want, f"{name}: wgmma waits {r['wgmma_waits']}, want {want}"
 
 
@@ -51,6 +53,9 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
     ("gemm2", TileConfig(64, 128, 128, 8, 4, tma=True, gluon=True), "16 * num_warps"),
     ("dgrad_swiglu", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True), "split=True for dgrad"),
     ("dx", TileConfig(64, 256, 128, 4, 4, tma=True, gluon=True), "block_n dividing 128"),
+    ("dx", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True, warp_specialize=True), "block_m 128 and num_warps 8"),
+    ("gemm1_swiglu", TileConfig(128, 64, 128, 8, 4, tma=True, gluon=True, warp_specialize=True),
+     "to the gluon dgrad_swiglu only"),
 ])
 def test_gluon_config_rules(kernel, cfg, message):
     import re
@@ -107,11 +112,11 @@ GPU_CASES = [  # T, D, H, E, K, routing
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
 @pytest.mark.parametrize("shape", [(64, 128, 4, 4, False), (128, 128, 8, 3, False), (64, 64, 4, 3, False),
-                                   (128, 128, 8, 4, True)], ids=lambda s: "x".join(map(str, s)))
+                                   (128, 128, 8, 4, True), (128, 64, 8, 2, True)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
 def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
-    """GEMM2, dgrad's q and dx through the Gluon kernel equal the Triton kernel's outputs on the same
-    quantized operands to within one bf16 rounding (both add the K blocks' scaled products in the same
+    """GEMM2, dgrad's q and dx through the Gluon kernels (ws: the persistent warp-specialised one) equal the
+    Triton kernel's outputs on the same quantized operands to within one bf16 rounding (both add the K blocks' scaled products in the same
     order into fp32), every row written (outputs NaN-poisoned first)."""
     from titan_megamoe.kernels import grouped_gemm as gg
     from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
@@ -132,13 +137,10 @@ def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing,
         "gemm2": lambda: gg.expert_down_proj(h, w2q, plan, torch.bfloat16, "fp8"),
         "dx": lambda: gg.expert_input_grad(dg, du, w1t, w3t, plan, torch.bfloat16, "fp8"),
     }
-    from titan_megamoe.kernels import fp8_rows_gluon
-
-    real = fp8_rows_gluon.fp8_row_gemm  # the tile config has no warp-specialisation knob for Gluon: set it here
-    monkeypatch.setattr(gg, "fp8_row_gemm", lambda *a, **kw: real(*a, **kw, warp_specialize=ws))
     for kernel, call in calls.items():
         want = call()
-        cfg = TileConfig(block_m, block_n, 128, warps, stages, tma=True, split=kernel == "dgrad_swiglu", gluon=True)
+        cfg = TileConfig(block_m, block_n, 128, warps, stages, tma=True, split=kernel == "dgrad_swiglu", gluon=True,
+                         warp_specialize=ws)
         with override_tile_config(kernel, cfg):
             got = call()
         assert not got.isnan().any(), f"{kernel}: rows left unwritten (NaN poison)"
@@ -148,9 +150,9 @@ def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing,
 
 @pytest.mark.parametrize("two_pairs", [False, True])
 def test_gluon_launcher_host_path(monkeypatch, two_pairs):
-    """Everything `fp8_row_gemm` does on the host, on CPU with the launch stubbed (the kernel needs a GPU):
-    descriptors over the right matrices and blocks, the grid over (plan tiles x sub-tiles x N-tiles), the K
-    blocks of both pairs, the output it returns."""
+    """Everything `fp8_row_gemm` and `fp8_row_gemm_ws` do on the host, on CPU with the launch stubbed (the
+    kernels need a GPU): descriptors over the right matrices and blocks, the grid over (plan tiles x sub-tiles
+    x N-tiles) or one program per multiprocessor, the K blocks of both pairs, the output returned."""
     from titan_megamoe.kernels import fp8_rows_gluon as m
     from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
     from titan_megamoe.kernels.routing_meta import build_routing_plan
@@ -174,11 +176,21 @@ def test_gluon_launcher_host_path(monkeypatch, two_pairs):
     assert list(descs[1].shape) == [E * D, H]  # the weight viewed as a matrix, expert e at rows e * D
     N, KD, ND, NK1 = seen["args"][-4:]
     assert (N, KD, ND) == (T * K, H, D) and NK1 == (2 if two_pairs else 1) * H // 128
-    assert seen["kw"] == dict(SORTED_OUT=False, BLOCK_M=64, SUB_TILES=2, BLOCK_N=128, STAGES=3, WS=False, num_warps=4)
-    m.fp8_row_gemm(a, wt, plan, D, torch.bfloat16, block_m=128, block_n=128, num_warps=8, stages=4,
-                   warp_specialize=True, **pair2)
-    # 8 consumer warps + the producer's warpgroup: 65536 registers / (12 * 32 threads), rounded down to 8
-    assert seen["kw"]["WS"] is True and seen["kw"]["maxnreg"] == 168
+    assert seen["kw"] == dict(SORTED_OUT=False, BLOCK_M=64, SUB_TILES=2, BLOCK_N=128, STAGES=3, num_warps=4)
+
+    from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
+
+    monkeypatch.setattr(ws, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
+                                                                                      kw=kw))
+    monkeypatch.setattr(ws, "multiprocessors", lambda device: 3)
+    out = ws.fp8_row_gemm_ws(a, wt, plan, D, torch.bfloat16, stages=4, **pair2)
+    assert out.shape == (T * K, D) and seen["kernel"] is ws._fp8_rows_ws_kernel
+    items = plan.layout.num_tiles * (D // 128)
+    assert seen["grid"] == (min(items, 3),) and seen["args"][-1] == items  # one program per multiprocessor
+    assert [list(d.block_shape) for d in seen["args"][:4]] == [[64, 128], [128, 128]] * 2  # A in 64-row halves
+    assert seen["args"][-2] == (2 if two_pairs else 1) * H // 128
+    # 12 warps at launch (two consumer warpgroups and the producer's): 65536 / (12 * 32) registers, down to 8
+    assert seen["kw"]["maxnreg"] == 168 and seen["kw"]["num_warps"] == 4
 
 
 # ------------------------------------------------------------------------------------------------ GEMM1

@@ -188,7 +188,7 @@ PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kern
 def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None = None) -> None:
     """A forced tile config must fit its kernel: row-tiled kernels take the plan's tiles whole or in equal
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
-    for the TMA loops of gemm2, dx and the sorted-copy weight gradients, grouped row order (group_m) only
+    for the TMA loops of gemm2, dx and the sorted-copy weight gradients and the gluon row GEMMs, grouped row order (group_m) only
     for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
     block-FP8 GEMM1, GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
     it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM),
@@ -208,9 +208,10 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
                          f"({', '.join(ROW_KERNELS)}), got {cfg.group_m!r}")
     if cfg.sorted_copy and (kernel not in WGRAD or not cfg.tma):
         raise ValueError(f"{kernel}: sorted_copy applies to the weight gradients ({', '.join(WGRAD)}) with tma only")
-    if cfg.warp_specialize and not (kernel in ("gemm2", "dx") or (kernel in WGRAD and cfg.sorted_copy)):
-        raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma) and to the weight gradients "
-                         f"with sorted_copy only")
+    if cfg.warp_specialize and not (kernel in ("gemm2", "dx") or (kernel in WGRAD and cfg.sorted_copy)
+                                    or (cfg.gluon and kernel == "dgrad_swiglu")):
+        raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma), to the weight gradients "
+                         f"with sorted_copy and to the gluon dgrad_swiglu only")
     persistent = cfg.persistent
     if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0 or (persistent and (
             kernel not in PERSISTENT_KERNELS or cfg.warp_specialize or cfg.gluon
@@ -238,7 +239,9 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
             (kernel == "gemm1_swiglu" and cfg.block_n != 64, "block_n 64 for gemm1 (h's 128-column scale block in two "
                                                              "64-column halves)"),
             (cfg.block_m % (16 * cfg.num_warps) != 0, "block_m a multiple of 16 * num_warps (16 rows per warp)"),
-            (cfg.warp_specialize, "warp_specialize=False"),
+            # the persistent warp-specialised kernel (`fp8_rows_ws_gluon`): two consumer warpgroups of 64 rows
+            (cfg.warp_specialize and (cfg.block_m != 128 or cfg.num_warps != 8),
+             "block_m 128 and num_warps 8 with warp_specialize (two consumer warpgroups of 64 rows)"),
             (cfg.group_m != 1, "group_m 1"),
             (kernel == "dgrad_swiglu" and not cfg.split, "split=True for dgrad (the kernel is its GEMM alone)"),
         ) if bad]

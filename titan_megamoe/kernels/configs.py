@@ -36,7 +36,9 @@ class TileConfig:
     # dgrad_swiglu only: the GEMM stores q, a second elementwise kernel does the dSwiGLU (bf16 with tma:
     # dout's rows copied into sorted order first, q from the grouped GEMM through TMA)
     split: bool = False
-    # Triton's automatic warp specialisation: gemm2 / dx with tma, and the weight gradients with sorted_copy
+    # Triton's automatic warp specialisation: gemm2 / dx with tma, and the weight gradients with sorted_copy;
+    # with gluon (gemm2, dgrad's GEMM, dx; block_m 128, 8 warps) the persistent warp-specialised Gluon kernel
+    # (`fp8_rows_ws_gluon`: a producer warp, two consumer warpgroups of 64 rows)
     warp_specialize: bool = False
     group_m: int = 1  # row-tiled kernels: row programs walked down each N column together (schedule.row_tile)
     # weight gradients (bf16) with tma: the gathered operand (dout for dW2, x for dW1/dW3) copied into

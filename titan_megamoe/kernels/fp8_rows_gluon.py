@@ -116,40 +116,11 @@ def _overlapped_loop(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, 
 
 
 @gluon.jit
-def _ws_load(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, row0, b_row, kb, total,
-             STAGES: gl.constexpr):
-    """Warp-specialised producer (one warp): the TMA loads of every K block, each into a stage the consumers
-    have freed (a fresh barrier counts as freed: the first pass waits on phase 1)."""
-    for j in range(total):
-        stage = j % STAGES
-        mbarrier.wait(empty.index(stage), ((j // STAGES) & 1) ^ 1)
-        _issue_loads(j, kb, stage, a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, row0, b_row)
-
-
-@gluon.jit
-def _ws_consume(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off, kb,
-                total, mma_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr):
-    """Warp-specialised consumers: each K block's MMA waited for, the stage handed back, the product scaled
-    (DeepGEMM's order: with two warpgroups one's scaling runs beside the other's MMA)."""
-    zero = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma_layout)
-    acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma_layout)
-    for j in range(total):
-        prod, scale = _start_block(j, a_smem, b_smem, ready, zero, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in,
-                                   b_scale_off, kb, STAGES)
-        prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-        _cta_barrier()  # both warpgroups are past this stage's MMA before one thread hands it back
-        mbarrier.arrive(empty.index(j % STAGES), count=1)
-        acc += prod * scale[:, None]
-    return (acc, )  # a partition's results come back as a tuple
-
-
-@gluon.jit
-def plan_row_tile(num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: gl.constexpr, SUB_TILES: gl.constexpr):
-    """This program's (expert, first row, the expert's end row, column block) in `schedule.row_tile`'s order
-    (column blocks fastest; SUB_TILES programs of BLOCK_M rows per plan tile). expert < 0 or first row >= end
+def plan_row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: gl.constexpr,
+                  SUB_TILES: gl.constexpr):
+    """Work item pid's (expert, first row, the expert's end row, column block) in `schedule.row_tile`'s order
+    (column blocks fastest; SUB_TILES items of BLOCK_M rows per plan tile). expert < 0 or first row >= end
     row: nothing to do (a spare tile, or a sub-tile past the expert's rows)."""
-    pid = gl.program_id(0)
     pid_m = pid // num_n
     tile = pid_m // SUB_TILES
     expert = gl.load(tile_expert_ptr + tile)
@@ -162,9 +133,9 @@ def plan_row_tile(num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: gl
 def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr,
                      order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, out_ptr, N, KD, ND, NK1,
                      SORTED_OUT: gl.constexpr, BLOCK_M: gl.constexpr, SUB_TILES: gl.constexpr,
-                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, num_warps: gl.constexpr):
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     # the plan tile and columns of this program (row_tile's order: N-tiles fastest)
-    expert, row0, row_end, pid_n = plan_row_tile(gl.cdiv(ND, BLOCK_N), tile_expert_ptr, tile_row_ptr, offsets_ptr,
+    expert, row0, row_end, pid_n = plan_row_tile(gl.program_id(0), gl.cdiv(ND, BLOCK_N), tile_expert_ptr, tile_row_ptr, offsets_ptr,
                                                  BLOCK_M, SUB_TILES)
     n0 = pid_n * BLOCK_N
     if (expert < 0) | (row0 >= row_end):
@@ -185,26 +156,10 @@ def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_p
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-    if WS:
-        # a producer warp issues the TMA loads; the num_warps consumer warps (two warpgroups at 128 rows,
-        # sharing each weight tile) free a stage through `empty` once both have finished its MMA
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(empty.index(s), count=1)
-        fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first copy
-        acc = gl.warp_specialize([
-            (_ws_consume, (a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in,
-                           b_scale_off, kb, total, mma_layout, BLOCK_M, BLOCK_N, STAGES)),
-            (_ws_load, (a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, row0, b_row, kb, total,
-                        STAGES)),
-        ], [1], [24])[0]
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(empty.index(s))
-    else:
-        fence_async_shared()
-        acc = _overlapped_loop(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, a1s_ptr, b1s_ptr, a2s_ptr,
-                               b2s_ptr, rows, rows_in, b_scale_off, row0, b_row, kb, total, mma_layout, BLOCK_M,
-                               BLOCK_N, STAGES)
+    fence_async_shared()
+    acc = _overlapped_loop(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, a1s_ptr, b1s_ptr, a2s_ptr,
+                           b2s_ptr, rows, rows_in, b_scale_off, row0, b_row, kb, total, mma_layout, BLOCK_M, BLOCK_N,
+                           STAGES)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
 
@@ -231,11 +186,10 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,
                  a2: BlockScaled | None = None, b2: BlockScaled | None = None, sorted_out: bool = False,
                  block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4,
-                 out: torch.Tensor | None = None, warp_specialize: bool = False) -> torch.Tensor:
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """out [N, nd]: sum over the pairs of A_p B_e^T with block scales, by sorted row (`sorted_out`) or in
     routed-row order. a: sorted rows [N, KD] e4m3; b: the expert weight stored [E, nd, KD] e4m3. `out`: the
-    [N, nd] tensor to write (allocated when None). `warp_specialize`: a producer warp for the loads and the
-    num_warps consumer warps without the in-program overlap (`_ws_consume`)."""
+    [N, nd] tensor to write (allocated when None)."""
     N, kd = a1.data.shape
     E = b1.data.shape[0]
     assert b1.data.shape == (E, nd, kd) and kd % SCALE_BLOCK == 0 and nd % SCALE_BLOCK == 0, (b1.data.shape, nd, kd)
@@ -256,8 +210,5 @@ def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, o
         _fp8_rows_kernel, grid, *descs, *scales,
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, 2 * kb if two else kb,
         SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=sub_tiles, BLOCK_N=block_n, STAGES=stages,
-        WS=warp_specialize, num_warps=num_warps,
-        # warp-specialised: the producer's warpgroup counts too (num_warps + 4 warps at launch), so each thread
-        # may start with at most 65536 / (32 * (num_warps + 4)) registers; the producer then gives its up
-        **({"maxnreg": 65536 // (32 * (num_warps + 4)) // 8 * 8} if warp_specialize else {}))
+        num_warps=num_warps)
     return out

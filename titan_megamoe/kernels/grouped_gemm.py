@@ -37,6 +37,7 @@ from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
 from .fp8_rows_gluon import fp8_row_gemm
+from .fp8_rows_ws_gluon import fp8_row_gemm_ws
 from .mainloop import pair_mainloop, row_mainloop
 from .peer_rows import store_rows_to_peers, wait_for_expert_rows
 from .schedule import real_tile_count, row_tile
@@ -194,6 +195,9 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         if not fp8 or INTERPRET:
             raise ValueError(f"tile config {kernel_name}: gluon runs block FP8 on a GPU only (Triton's interpreter "
                              f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
+        if use_tma and peers is None and arrivals is None and cfg.warp_specialize:
+            return fp8_row_gemm_ws(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
+                                   block_n=cfg.block_n, stages=cfg.num_stages, out=out)
         if use_tma and peers is None and arrivals is None:
             return fp8_row_gemm(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
                                 block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,

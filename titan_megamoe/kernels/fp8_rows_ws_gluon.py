@@ -1,0 +1,175 @@
+"""Block-FP8 row GEMMs in Gluon, persistent and warp-specialised: GEMM2, dgrad's q and dx (an experiment
+beside `grouped_gemm`'s Triton kernels; GPU only).
+
+    out[p] = sum_kb (A_p[kb] B_e[kb]^T) * sa[p, kb] * sb[e, n_block, kb]    (one or two pairs of operands)
+
+The same product, operands and output as `fp8_rows_gluon` (its docstring), in DeepGEMM's structure:
+- one program per multiprocessor walks the items (a 128-row plan tile by BLOCK_N <= 128 columns, column
+  blocks fastest, `schedule.row_tile`'s order) with a stride of the grid;
+- a producer warp issues the TMA loads of every K block of every item into a ring of STAGES stages: A's
+  two 64-row halves and the 128-wide weight tile, `ready[s]` counting their bytes;
+- two consumer warpgroups (the default partition and a 4-warp worker) take the two 64-row halves and share
+  each weight tile: 128 FLOP per operand byte, against 85 for the 64-row programs of the Triton kernels.
+  Per K block a consumer issues its MMA into a fresh accumulator, waits for it, hands the stage back
+  (`empty[s]`, one arrival per consumer) and scales the product into its fp32 accumulator (the promotion).
+  Nothing synchronises the two consumers with each other, so while one scales the other's MMA runs;
+- at an item's end each consumer stores its 64 rows while the producer is already loading the next
+  item's first K blocks.
+
+What the previous warp-specialised form lacked (docs/kernels.md, "Warp-specialised, fourth H100 run"): it
+was one item per program (no load of the next item during the epilogue) and one 8-warp consumer partition
+whose CTA barrier after every K block held both warpgroups in step, so they scaled at the same time and
+the tensor cores idled meanwhile.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from ..plan import RoutingPlan
+from ..precision import BlockScaled
+from .common import multiprocessors, new_output
+from .fp8_rows_gluon import SCALE_BLOCK, _block_scale, _descriptor, _tma_load, plan_row_tile
+from .launch import launch
+
+HALF_M = gl.constexpr(64)  # rows per consumer warpgroup (one wgmma M of 64); a plan tile is two halves
+CONSUMER_REGS = 232  # per thread of the worker consumer warpgroup (the default one takes what is left)
+PRODUCER_REGS = 24  # the producer only computes addresses and loop counters
+# 12 warps at launch (two consumer warpgroups, the producer's warp rounded up to a warpgroup): each thread
+# may start with at most 65536 / (12 * 32) registers, rounded down to 8; the partitions then rebalance
+MAXNREG = 65536 // (12 * 32) // 8 * 8
+
+
+@gluon.jit
+def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
+              offsets_ptr, num_items, num_n, ND, kb, total, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """TMA of every K block of this program's items, each into a stage both consumers have freed (a fresh
+    barrier counts as freed: the first pass waits on phase 1). `it` counts K blocks across items, as the
+    consumers' does, so stages and phases run on from one item to the next."""
+    it = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                     2 * HALF_M, 1)
+        if (expert >= 0) & (row0 < row_end):
+            b_row = expert * ND + pid_n * BLOCK_N
+            for j in range(total):
+                s = it % STAGES
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+                bar = ready.index(s)
+                mbarrier.expect(bar, 2 * a1_desc.block_type.nbytes + b1_desc.block_type.nbytes)
+                if j < kb:  # the first pair's K blocks, then the second's (dx)
+                    _tma_load(a1_desc, [row0, j * 128], bar, a_smem.index(2 * s))
+                    _tma_load(a1_desc, [row0 + HALF_M, j * 128], bar, a_smem.index(2 * s + 1))
+                    _tma_load(b1_desc, [b_row, j * 128], bar, b_smem.index(s))
+                else:
+                    _tma_load(a2_desc, [row0, (j - kb) * 128], bar, a_smem.index(2 * s))
+                    _tma_load(a2_desc, [row0 + HALF_M, (j - kb) * 128], bar, a_smem.index(2 * s + 1))
+                    _tma_load(b2_desc, [b_row, (j - kb) * 128], bar, b_smem.index(s))
+                it += 1
+
+
+@gluon.jit
+def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
+              tile_row_ptr, offsets_ptr, out_ptr, num_items, num_n, N, ND, kb, total, HALF: gl.constexpr,
+              SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Rows HALF * 64 .. HALF * 64 + 63 of every item: the K blocks' promoted products, then the store."""
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    # epilogue: 16-byte bf16 stores along each row
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [4, 1], [1, 0])
+    zero = gl.zeros((HALF_M, BLOCK_N), gl.float32, layout=mma_layout)
+    it = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                     2 * HALF_M, 1)
+        if (expert >= 0) & (row0 < row_end):
+            n0 = pid_n * BLOCK_N
+            b_scale_off = (expert.to(gl.int64) * (ND // 128) + n0 // 128) * kb
+            my_row0 = row0 + HALF * HALF_M
+            rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
+            rows_in = rows < N
+            acc = gl.zeros((HALF_M, BLOCK_N), gl.float32, layout=mma_layout)
+            for j in range(total):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero,
+                                     use_acc=False, is_async=True)
+                scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+                prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                # this warpgroup's MMA has read the stage: one of the two arrivals that free it
+                mbarrier.arrive(empty.index(s), count=1)
+                acc += prod * scale[:, None]
+                it += 1
+            val = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), store_layout)
+            srows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+            cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))
+            row_ok = srows < row_end  # rows past the expert's end were computed and are dropped here
+            if SORTED_OUT:
+                dest = srows
+            else:
+                dest = gl.load(order_ptr + srows, mask=row_ok, other=0)
+            off = dest.to(gl.int64)[:, None] * ND + cols[None, :]
+            gl.store(out_ptr + off, val, mask=row_ok[:, None] & (cols < ND)[None, :])
+
+
+@gluon.jit
+def _fp8_rows_ws_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr,
+                        tile_expert_ptr, tile_row_ptr, offsets_ptr, out_ptr, N, KD, ND, NK1, num_items,
+                        SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    a_smem = gl.allocate_shared_memory(a1_desc.dtype, [2 * STAGES, HALF_M, 128], a1_desc.layout)  # stage s: 2s, 2s+1
+    b_smem = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, BLOCK_N, 128], b1_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first copy
+    kb = KD // 128  # K blocks per pair
+    num_n = gl.cdiv(ND, BLOCK_N)
+    gl.warp_specialize([
+        (_consumer, (a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
+                     tile_row_ptr, offsets_ptr, out_ptr, num_items, num_n, N, ND, kb, NK1, 0, SORTED_OUT, BLOCK_N,
+                     STAGES)),
+        (_consumer, (a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
+                     tile_row_ptr, offsets_ptr, out_ptr, num_items, num_n, N, ND, kb, NK1, 1, SORTED_OUT, BLOCK_N,
+                     STAGES)),
+        (_producer, (a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
+                     offsets_ptr, num_items, num_n, ND, kb, NK1, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+
+def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,
+                    a2: BlockScaled | None = None, b2: BlockScaled | None = None, sorted_out: bool = False,
+                    block_n: int = 128, stages: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`fp8_rows_gluon.fp8_row_gemm`'s result (same arguments, same sums in the same order) from the
+    persistent warp-specialised kernel: out [N, nd] by sorted row (`sorted_out`) or in routed-row order."""
+    N, kd = a1.data.shape
+    E = b1.data.shape[0]
+    assert b1.data.shape == (E, nd, kd) and kd % SCALE_BLOCK == 0 and nd % SCALE_BLOCK == 0, (b1.data.shape, nd, kd)
+    assert SCALE_BLOCK % block_n == 0 and plan.layout.block_m == 2 * HALF_M.value, (block_n, plan.layout.block_m)
+    if out is None:
+        out = new_output((N, nd), out_dtype, a1.data.device)
+    items = plan.layout.num_tiles * triton.cdiv(nd, block_n)
+    if items == 0:
+        return out
+    two = a2 is not None
+    # one pair: the second pair's arguments repeat the first's (the kernel never reads them), built once
+    descs = (_descriptor(a1.data, HALF_M.value), _descriptor(b1.data, block_n))
+    descs += (_descriptor(a2.data, HALF_M.value), _descriptor(b2.data, block_n)) if two else descs
+    scales = (a1.scale, b1.scale) + ((a2.scale, b2.scale) if two else (a1.scale, b1.scale))
+    kb = kd // SCALE_BLOCK
+    launch(_fp8_rows_ws_kernel, (min(items, multiprocessors(a1.data.device)),), *descs, *scales, plan.order_N,
+           plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, 2 * kb if two else kb, items,
+           SORTED_OUT=sorted_out, BLOCK_N=block_n, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
+           PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+    return out
