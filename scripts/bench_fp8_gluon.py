@@ -34,7 +34,9 @@ SHAPES = {"30b": (16384, 8, 128, 2048, 768), "235b": (16384, 8, 128, 4096, 1536)
 VARIANTS = [
     (64, 128, 4, 3, False), (64, 128, 4, 4, False), (128, 128, 8, 3, False), (128, 128, 8, 4, False),
     (128, 128, 8, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 5, True)]
-GEMM1_VARIANTS = [(64, 4, 3), (64, 4, 4), (128, 8, 3)]  # block_m, warps, stages (64-column halves)
+# block_m, warps, stages (64-column halves), warp-specialised (`fp8_gemm1_ws_gluon`, persistent)
+GEMM1_VARIANTS = [(64, 4, 3, False), (64, 4, 4, False), (128, 8, 3, False), (128, 8, 3, True), (128, 8, 4, True),
+                  (128, 8, 5, True)]
 
 
 def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_out, save):
@@ -42,6 +44,7 @@ def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_o
     same sorted e4m3 rows of x, outputs poisoned: g and u compared with the Triton kernel's (within bf16
     rounding) and g with a float64 product on three experts' rows; h dequantized against the Triton h."""
     from titan_megamoe.kernels.fp8_gemm1_gluon import fp8_gemm1
+    from titan_megamoe.kernels.fp8_gemm1_ws_gluon import fp8_gemm1_ws
     from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
     from titan_megamoe.kernels.quantize import quantize_sorted_rows, quantize_weight_pair
     from titan_megamoe.precision import BlockScaled
@@ -79,10 +82,12 @@ def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_o
     print(f"{shape} gemm1: triton {t_us:.1f} us ({row['triton_tflops']:.0f} TFLOP/s), "
           f"err {row['triton_rel_err_vs_fp64']:.2e}", flush=True)
     h_ref = dequantize(ref[2]).float()
-    for bm, warps, stages in GEMM1_VARIANTS:
-        rec = {"block_m": bm, "block_n": 64, "warps": warps, "stages": stages}
+    for bm, warps, stages, ws in GEMM1_VARIANTS:
+        rec = {"block_m": bm, "block_n": 64, "warps": warps, "stages": stages, "warp_specialize": ws}
         try:
             def call():
+                if ws:
+                    return fp8_gemm1_ws(xq, w1q, w3q, plan, stages=stages)
                 return fp8_gemm1(xq, w1q, w3q, plan, block_m=bm, num_warps=warps, stages=stages)
 
             os.environ["TITAN_MEGAMOE_POISON"] = "1"
@@ -108,13 +113,13 @@ def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_o
                 rec.update(us=us, tflops=flop / (us * 1e-6) / 1e12, speedup_vs_triton=t_us / us)
             timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)" if ok
                       else "WRONG, not timed")
-            print(f"  gluon gemm1 {bm} rows w{warps} s{stages}: {timing}; "
+            print(f"  gluon gemm1 {bm} rows w{warps} s{stages}{' ws' * ws}: {timing}; "
                   f"g bitwise {rec['bitwise_equal_fraction']:.4f}, "
                   f"h bitwise {rec['h_bitwise_equal_fraction']:.4f}, max rel diff {rec['max_rel_diff_vs_triton']:.2e}, "
                   f"h rel {rec['h_rel_l2_vs_triton']:.1e}, err {rec['rel_err_vs_fp64']:.2e}", flush=True)
         except Exception as e:  # a variant that fails to compile or launch is reported, the rest still run
             rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            print(f"  gluon gemm1 {bm} rows w{warps} s{stages}: {rec['error']}", flush=True)
+            print(f"  gluon gemm1 {bm} rows w{warps} s{stages}{' ws' * ws}: {rec['error']}", flush=True)
         row["gluon"].append(rec)
     rows_out.append(row)
     save()

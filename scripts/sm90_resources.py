@@ -182,6 +182,24 @@ def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False)
                         aligned, 4, 1, source=GluonASTSource, maxnreg=ws.MAXNREG)
 
 
+def gluon_gemm1_ws(stages: int = 4):
+    """The persistent warp-specialised Gluon block-FP8 GEMM1 (`fp8_gemm1_ws_gluon`), as it launches."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels import fp8_gemm1_ws_gluon as g1
+    from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
+
+    descs = _gluon_fp8_descs(ws.HALF_M.value, 64)
+    sig = {"x_desc": descs["a1_desc"], "w1_desc": descs["b1_desc"], "w3_desc": descs["b1_desc"],
+           **_types("xs_ptr w1s_ptr w3s_ptr", "*fp32"), **_types("tile_expert_ptr tile_row_ptr offsets_ptr", "*i32"),
+           **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv",
+           "hs_ptr": "*fp32", **_types("N D H num_items", "i32")}
+    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
+    return compile_sm90(g1._fp8_gemm1_ws_kernel, sig,
+                        dict(STAGES=stages, CONSUMER_REGS=ws.CONSUMER_REGS, PRODUCER_REGS=ws.PRODUCER_REGS),
+                        aligned, 4, 1, source=GluonASTSource, maxnreg=ws.MAXNREG)
+
+
 def _gluon_fp8_descs(block_m: int, block_n: int) -> dict:
     """The four e4m3 operand descriptors of the Gluon row GEMMs (A tiles block_m x 128, B block_n x 128)."""
     from triton.experimental.gluon import language as gl
@@ -337,6 +355,7 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(block_m=128, num_warps=8),
     "gluon gemm2/dx persistent, warp-specialised, 4 stages": lambda: gluon_rows_ws(),
     "gluon dgrad q persistent, warp-specialised, 4 stages": lambda: gluon_rows_ws(sorted_out=True),
+    "gluon gemm1 persistent, warp-specialised, 4 stages": lambda: gluon_gemm1_ws(),
     "gluon gemm1 64 rows 4 warps": lambda: gluon_gemm1(),
     "gluon gemm1 128 rows 8 warps 3 stages": lambda: gluon_gemm1(128, 8, 3),
     "gluon weight quant bf16 8 warps": lambda: gluon_weight_quant(),

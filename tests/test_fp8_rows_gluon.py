@@ -54,8 +54,8 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
     ("dgrad_swiglu", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True), "split=True for dgrad"),
     ("dx", TileConfig(64, 256, 128, 4, 4, tma=True, gluon=True), "block_n dividing 128"),
     ("dx", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True, warp_specialize=True), "block_m 128 and num_warps 8"),
-    ("gemm1_swiglu", TileConfig(128, 64, 128, 8, 4, tma=True, gluon=True, warp_specialize=True),
-     "to the gluon dgrad_swiglu only"),
+    ("gemm1_swiglu", TileConfig(128, 64, 128, 8, 4, tma=True, warp_specialize=True), "gluon gemm1_swiglu"),
+    ("gemm1_swiglu", TileConfig(64, 64, 128, 4, 4, tma=True, gluon=True, warp_specialize=True), "block_m 128"),
 ])
 def test_gluon_config_rules(kernel, cfg, message):
     import re
@@ -198,8 +198,9 @@ def test_gluon_launcher_host_path(monkeypatch, two_pairs):
 _SM90_GLUON_GEMM1 = r"""
 import json, sys
 sys.path.insert(0, "scripts")
-from sm90_resources import gluon_gemm1
-jobs = {"64 rows 4 warps": gluon_gemm1(), "128 rows 8 warps": gluon_gemm1(128, 8, 3)}
+from sm90_resources import gluon_gemm1, gluon_gemm1_ws
+jobs = {"64 rows 4 warps": gluon_gemm1(), "128 rows 8 warps": gluon_gemm1(128, 8, 3),
+        "persistent, warp-specialised": gluon_gemm1_ws()}
 print(json.dumps({k: {f: r[f] for f in ("qgmma", "usage", "wgmma_waits")} for k, r in jobs.items()}))
 """
 
@@ -207,10 +208,16 @@ print(json.dumps({k: {f: r[f] for f in ("qgmma", "usage", "wgmma_waits")} for k,
 def test_gluon_gemm1_compiles_with_two_wgmma_groups_in_flight():
     """Compiled for sm_90 on the CPU: FP8 wgmma, and in each half's K loop a wait that leaves K block k's
     two MMAs (gate, up) in flight while block k-1's products are scaled; each half's last block waited for
-    fully."""
+    fully. The warp-specialised kernel (one MMA for gate and up) waits for each, in each consumer's two
+    halves; no spill in it."""
+    import re
+
     for name, r in sm90_compile_results(_SM90_GLUON_GEMM1, timeout=300).items():
         assert r["qgmma"] > 0, f"{name}: no QGMMA in the SASS"
-        assert r["wgmma_waits"] == ["2", "0", "2", "0"], f"{name}: wgmma waits {r['wgmma_waits']}"
+        want = ["0"] * 4 if "warp-specialised" in name else ["2", "0", "2", "0"]
+        assert r["wgmma_waits"] == want, f"{name}: wgmma waits {r['wgmma_waits']}"
+        if "warp-specialised" in name:
+            assert int(re.search(r"STACK:(\d+)", r["usage"]).group(1)) == 0, f"{name}: spills: {r['usage']}"
 
 
 def test_gluon_gemm1_config_stops_in_the_interpreter():
@@ -253,13 +260,26 @@ def test_gluon_gemm1_launcher_host_path(monkeypatch):
     assert seen["args"][-3:] == (T * K, D, H)
     assert seen["kw"] == dict(BLOCK_M=64, SUB_TILES=2, STAGES=3, num_warps=4)
 
+    from titan_megamoe.kernels import fp8_gemm1_ws_gluon as ws
+
+    monkeypatch.setattr(ws, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
+                                                                                      kw=kw))
+    monkeypatch.setattr(ws, "multiprocessors", lambda device: 5)
+    g, u, h = ws.fp8_gemm1_ws(x, w1, w1, plan, stages=4)
+    assert g.shape == u.shape == h.data.shape == (T * K, H) and h.scale.shape == (T * K, H // 128)
+    items = plan.layout.num_tiles * (H // 128)
+    assert seen["kernel"] is ws._fp8_gemm1_ws_kernel and seen["grid"] == (min(items, 5),)
+    assert [list(d.block_shape) for d in seen["args"][:3]] == [[64, 128], [64, 128], [64, 128]]
+    assert seen["args"][-4:] == (T * K, D, H, items) and seen["kw"]["maxnreg"] == 168
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
-@pytest.mark.parametrize("shape", [(64, 4, 4), (128, 8, 3)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(64, 4, 4, False), (128, 8, 3, False), (128, 8, 4, True), (128, 8, 2, True)],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
 def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
-    """GEMM1 through the Gluon kernel: g and u within one bf16 rounding of the Triton kernel's on the same
+    """GEMM1 through the Gluon kernels (ws: the persistent warp-specialised one): g and u within one bf16 rounding of the Triton kernel's on the same
     quantized operands, h's e4m3 rows dequantized within 1% (L2) of the Triton kernel's (a bf16 rounding
     of g or u may move an h code), every row written (outputs NaN-poisoned first)."""
     from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
@@ -268,7 +288,7 @@ def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routi
     from titan_megamoe.quant import dequantize
 
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
-    block_m, warps, stages = shape
+    block_m, warps, stages, ws = shape
     torch.manual_seed(T)
     plan = build_routing_plan(make_ids(T, E, K, routing, torch.Generator().manual_seed(T)).cuda(), E, 128)
     x = quantize_sorted_rows(torch.randn(T, D, device="cuda", dtype=torch.bfloat16), plan)
@@ -279,7 +299,8 @@ def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routi
         return gemm1_swiglu(x, w1, w3, plan, torch.bfloat16, "fp8", sorted_rows=True)
 
     want = call()
-    with override_tile_config("gemm1_swiglu", TileConfig(block_m, 64, 128, warps, stages, tma=True, gluon=True)):
+    cfg = TileConfig(block_m, 64, 128, warps, stages, tma=True, gluon=True, warp_specialize=ws)
+    with override_tile_config("gemm1_swiglu", cfg):
         got = call()
     for name, a, b in (("g", got[0], want[0]), ("u", got[1], want[1])):
         assert not a.isnan().any(), f"{name}: rows left unwritten (NaN poison)"

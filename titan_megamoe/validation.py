@@ -209,9 +209,9 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     if cfg.sorted_copy and (kernel not in WGRAD or not cfg.tma):
         raise ValueError(f"{kernel}: sorted_copy applies to the weight gradients ({', '.join(WGRAD)}) with tma only")
     if cfg.warp_specialize and not (kernel in ("gemm2", "dx") or (kernel in WGRAD and cfg.sorted_copy)
-                                    or (cfg.gluon and kernel == "dgrad_swiglu")):
+                                    or (cfg.gluon and kernel in ("gemm1_swiglu", "dgrad_swiglu"))):
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma), to the weight gradients "
-                         f"with sorted_copy and to the gluon dgrad_swiglu only")
+                         f"with sorted_copy and to the gluon gemm1_swiglu and dgrad_swiglu only")
     persistent = cfg.persistent
     if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0 or (persistent and (
             kernel not in PERSISTENT_KERNELS or cfg.warp_specialize or cfg.gluon

@@ -137,6 +137,10 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
         if not fp8 or INTERPRET:
             raise ValueError("tile config gemm1_swiglu: gluon runs block FP8 on a GPU only (Triton's interpreter "
                              f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
+        if sorted_rows and arrivals is None and tma_ok(x, w1, w3) and cfg.warp_specialize:
+            from .fp8_gemm1_ws_gluon import fp8_gemm1_ws  # imported only here: Gluon is experimental
+
+            return fp8_gemm1_ws(x_RD, w1_EHD, w3_EHD, plan, out_dtype, stages=cfg.num_stages)
         if sorted_rows and arrivals is None and tma_ok(x, w1, w3):
             from .fp8_gemm1_gluon import fp8_gemm1  # imported only here: Gluon is experimental
 

@@ -108,16 +108,20 @@ CANDIDATES["dx"] += [C(M, 128, 64, 8, 3, **ONE), C(M, 128, 32, 8, 4, **ONE), C(M
                      C(M, 128, 32, 8, 4, persistent=1, **ONE)]
 _FP8_ONE_LOOP = [C(64, 128, F, 4, 3, **ONE), C(64, 128, F, 4, 2, persistent=2, **ONE),
                  C(64, 128, F, 4, 3, persistent=1, **ONE), C(M, 128, F, 8, 3, persistent=1, **ONE)]
+# the persistent warp-specialised Gluon kernels (`fp8_rows_ws_gluon`, `fp8_gemm1_ws_gluon`): a producer warp and
+# two consumer warpgroups of 64 rows sharing each weight tile, one program per multiprocessor
+_FP8_GLUON_WS = [C(M, 128, F, 8, s, tma=True, gluon=True, warp_specialize=True) for s in (4, 5)]
 CANDIDATES_FP8 = {
     "gemm1_swiglu": [C(64, 64, F, 4, 3, **T_), C(64, 64, F, 4, 4, **T_), C(64, 64, F, 4, 5, **T_),
-                     C(M, 64, F, 8, 3, **T_), C(M, 64, F, 8, 4, **T_)],
+                     C(M, 64, F, 8, 3, **T_), C(M, 64, F, 8, 4, **T_)]
+    + [replace(c, block_n=64) for c in _FP8_GLUON_WS],
     # warp specialisation of the 64-row, 4-warp loops stops Triton 3.6 with an internal assertion
     # (TaskIdPropagation.cpp, docs/results/tune_logs/2026-12-04_fp8_tune_2048x768_a.log): 128 rows only
-    # (the Gluon kernels, `TileConfig.gluon`, are not candidates: bitwise right and slower on an H100,
-    # docs/kernels.md "More Gluon")
-    "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT,
-    "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT],
-    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_ONE_LOOP,
+    # (of the Gluon kernels, `TileConfig.gluon`, only the persistent warp-specialised ones are candidates:
+    # the one-item kernels were bitwise right and slower on an H100, docs/kernels.md "More Gluon")
+    "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_GLUON_WS,
+    "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT + _FP8_GLUON_WS],
+    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_ONE_LOOP + _FP8_GLUON_WS,
     "wgrad_w2": _FP8_WGRAD,
     "wgrad_w13": _FP8_WGRAD,
 }
