@@ -200,6 +200,24 @@ def gluon_gemm1_ws(stages: int = 4):
                         aligned, 4, 1, source=GluonASTSource, maxnreg=ws.MAXNREG)
 
 
+def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", producer_regs: int = 24):
+    """The persistent warp-specialised Gluon block-FP8 weight gradient (`fp8_wgrad_ws_gluon`), as it launches."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
+    from titan_megamoe.kernels import fp8_wgrad_ws_gluon as wg
+
+    descs = _gluon_fp8_descs(ws.HALF_M.value, 128)
+    sig = {"a_desc": descs["a1_desc"], "a2_desc": descs["a1_desc"], "b_desc": descs["b1_desc"],
+           **_types("a_scale_ptr a2_scale_ptr b_scale_ptr", "*fp32"), **_types("expert_slot_ptr offsets_ptr", "*i32"),
+           **_types("c_ptr c2_ptr", f"*{out}"),
+           **_types("num_items tiles_m tiles_n which_count E M N stride_sa stride_sb", "i32")}
+    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
+    return compile_sm90(wg._fp8_wgrad_ws_kernel, sig,
+                        dict(BLOCK_E=128, STAGES=stages, CONSUMER_REGS=ws.CONSUMER_REGS, PRODUCER_REGS=producer_regs),
+                        aligned, 4, 1, source=GluonASTSource, maxnreg=ws.MAXNREG)
+
+
 def _gluon_fp8_descs(block_m: int, block_n: int) -> dict:
     """The four e4m3 operand descriptors of the Gluon row GEMMs (A tiles block_m x 128, B block_n x 128)."""
     from triton.experimental.gluon import language as gl
@@ -356,6 +374,7 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon gemm2/dx persistent, warp-specialised, 4 stages": lambda: gluon_rows_ws(),
     "gluon dgrad q persistent, warp-specialised, 4 stages": lambda: gluon_rows_ws(sorted_out=True),
     "gluon gemm1 persistent, warp-specialised, 4 stages": lambda: gluon_gemm1_ws(),
+    "gluon wgrad persistent, warp-specialised, 4 stages": lambda: gluon_wgrad_ws(),
     "gluon gemm1 64 rows 4 warps": lambda: gluon_gemm1(),
     "gluon gemm1 128 rows 8 warps 3 stages": lambda: gluon_gemm1(128, 8, 3),
     "gluon weight quant bf16 8 warps": lambda: gluon_weight_quant(),

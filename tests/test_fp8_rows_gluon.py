@@ -45,8 +45,10 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
 
 
 @pytest.mark.parametrize("kernel,cfg,message", [
-    ("wgrad_w2", TileConfig(64, 64, 128, 4, 4, tma=True, gluon=True),
-     "block FP8 gemm1_swiglu, gemm2, dgrad_swiglu, dx only"),
+    ("wgrad_w2", TileConfig(128, 128, 128, 8, 4, tma=True, gluon=True),
+     "warp_specialize=True for the weight gradients"),
+    ("wgrad_w13", TileConfig(128, 64, 128, 8, 4, tma=True, gluon=True, warp_specialize=True),
+     "block_n 128 for the weight gradients"),
     ("gemm1_swiglu", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True), "block_n 64 for gemm1"),
     ("gemm2", TileConfig(64, 128, 128, 4, 4, gluon=True), "tma=True"),
     ("gemm2", TileConfig(64, 128, 64, 4, 4, tma=True, gluon=True), "block_k 128"),
@@ -54,7 +56,7 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
     ("dgrad_swiglu", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True), "split=True for dgrad"),
     ("dx", TileConfig(64, 256, 128, 4, 4, tma=True, gluon=True), "block_n dividing 128"),
     ("dx", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True, warp_specialize=True), "block_m 128 and num_warps 8"),
-    ("gemm1_swiglu", TileConfig(128, 64, 128, 8, 4, tma=True, warp_specialize=True), "gluon gemm1_swiglu"),
+    ("gemm1_swiglu", TileConfig(128, 64, 128, 8, 4, tma=True, warp_specialize=True), "to the gluon kernels only"),
     ("gemm1_swiglu", TileConfig(64, 64, 128, 4, 4, tma=True, gluon=True, warp_specialize=True), "block_m 128"),
 ])
 def test_gluon_config_rules(kernel, cfg, message):

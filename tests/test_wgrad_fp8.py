@@ -232,6 +232,23 @@ def test_wgrad_fp8_config_variants(case, variant):
     _run_w13(p, torch.float32, VARIANTS[variant])
 
 
+# the persistent warp-specialised Gluon kernel (`kernels.fp8_wgrad_ws_gluon`), GPU only
+GLUON_WS = TileConfig(128, 128, 128, 8, 4, tma=True, gluon=True, warp_specialize=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET or not CUDA, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
+@pytest.mark.parametrize("case", ["segments", "empty", "outliers", "zero_rows", "skewed"]
+                         + (["gpu_d2048_h768"] if CUDA and not INTERPRET else []))
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_wgrad_fp8_gluon_ws(case, out_dtype):
+    """The Gluon kernel under the same error bounds as the Triton kernel: ragged M and N edges, empty
+    experts (zeros stored), outliers, all-zero rows, skewed routing; every element written (poisoned)."""
+    p = _problem(case, seed=3)
+    _run_w2(p, out_dtype, GLUON_WS)
+    _run_w13(p, out_dtype, GLUON_WS)
+
+
 def test_wgrad_fp8_no_rows():
     plan = build_routing_plan(torch.zeros(0, 2, dtype=torch.int64, device=DEVICE), 3, 128)
     q = quant.quantize_token_tiles(torch.zeros(0, 32, dtype=torch.bfloat16, device=DEVICE), plan)
@@ -285,8 +302,10 @@ def test_wgrad_fp8_rejects_bad_inputs():
 
 @pytest.mark.skipif(INTERPRET or not CUDA, reason="GPU only: a Qwen3-30B-A3B layer (N = 131072 rows) is too big "
                                                   "for Triton's CPU interpreter")
-def test_wgrad_fp8_qwen3_30b_layer():
-    """D = 2048, H = 768, E = 128, T = 16384 tokens top-8: the error bound, and the achieved TFLOP/s."""
+@pytest.mark.parametrize("cfg", [None, GLUON_WS], ids=["table", "gluon_ws"])
+def test_wgrad_fp8_qwen3_30b_layer(cfg):
+    """D = 2048, H = 768, E = 128, T = 16384 tokens top-8: the error bound, and the achieved TFLOP/s (the
+    table's config, and the Gluon kernel's)."""
     import triton.testing
 
     T, K, E, D, H = 16384, 8, 128, 2048, 768
@@ -296,8 +315,9 @@ def test_wgrad_fp8_qwen3_30b_layer():
     rows = {k: torch.randn(T * K, c, device="cuda", generator=gen).to(torch.bfloat16)
             for k, c in (("dout", D), ("hs", H), ("dg", H), ("du", H), ("x", D))}
     t = {k: quant.quantize_token_tiles(v, plan) for k, v in rows.items()}
-    dw2 = wgrad.expert_wgrad_w2_fp8(t["dout"], t["hs"], plan, torch.float32)
-    dw1, dw3 = wgrad.expert_wgrad_w13_fp8(t["dg"], t["du"], t["x"], plan, torch.float32)
+    with _configured(cfg):
+        dw2 = wgrad.expert_wgrad_w2_fp8(t["dout"], t["hs"], plan, torch.float32)
+        dw1, dw3 = wgrad.expert_wgrad_w13_fp8(t["dg"], t["du"], t["x"], plan, torch.float32)
     for name, out, a, b in (("dW2", dw2, "dout", "hs"), ("dW1", dw1, "dg", "x"), ("dW3", dw3, "du", "x")):
         ref64, mag, peak = _ref_tiles(t[a], t[b], plan)
         excess = _excess(out, ref64, mag, peak)
@@ -306,9 +326,10 @@ def test_wgrad_fp8_qwen3_30b_layer():
         assert excess <= 1.0, f"{name}: error {excess:.2f}x the bound"
         del ref64, mag, peak
     flop = 2 * T * K * D * H
-    ms_w2 = triton.testing.do_bench(lambda: wgrad.expert_wgrad_w2_fp8(t["dout"], t["hs"], plan, torch.bfloat16))
-    ms_w13 = triton.testing.do_bench(lambda: wgrad.expert_wgrad_w13_fp8(t["dg"], t["du"], t["x"], plan,
-                                                                          torch.bfloat16))
+    with _configured(cfg):
+        ms_w2 = triton.testing.do_bench(lambda: wgrad.expert_wgrad_w2_fp8(t["dout"], t["hs"], plan, torch.bfloat16))
+        ms_w13 = triton.testing.do_bench(lambda: wgrad.expert_wgrad_w13_fp8(t["dg"], t["du"], t["x"], plan,
+                                                                              torch.bfloat16))
     print(f"wgrad_w2 fp8 {ms_w2:.3f} ms {flop / ms_w2 * 1e-9:.0f} TFLOP/s; "
           f"wgrad_w13 fp8 {ms_w13:.3f} ms {2 * flop / ms_w13 * 1e-9:.0f} TFLOP/s")
 

@@ -181,7 +181,7 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
 
 
 # the block-FP8 GEMMs with Gluon kernels: `kernels.fp8_gemm1_gluon` (GEMM1), `kernels.fp8_rows_gluon` (the rest)
-GLUON_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")
+GLUON_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx", "wgrad_w2", "wgrad_w13")
 PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kernels/grouped_gemm.py)
 
 
@@ -190,7 +190,7 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
     for the TMA loops of gemm2, dx and the sorted-copy weight gradients and the gluon row GEMMs, grouped row order (group_m) only
     for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
-    block-FP8 GEMM1, GEMM2, dgrad and dx with the shapes its kernel takes (`precision`, where the caller knows
+    block-FP8 GEMM1, GEMM2, dgrad, dx and the weight gradients with the shapes its kernel takes (`precision`, where the caller knows
     it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM),
     weight_tma only for dgrad's own kernel, pairs_in_one_loop only for dx with tma."""
     from .kernels.configs import KERNELS, ROW_KERNELS
@@ -209,9 +209,9 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
     if cfg.sorted_copy and (kernel not in WGRAD or not cfg.tma):
         raise ValueError(f"{kernel}: sorted_copy applies to the weight gradients ({', '.join(WGRAD)}) with tma only")
     if cfg.warp_specialize and not (kernel in ("gemm2", "dx") or (kernel in WGRAD and cfg.sorted_copy)
-                                    or (cfg.gluon and kernel in ("gemm1_swiglu", "dgrad_swiglu"))):
+                                    or (cfg.gluon and kernel in GLUON_KERNELS)):
         raise ValueError(f"{kernel}: warp_specialize applies to gemm2 and dx (with tma), to the weight gradients "
-                         f"with sorted_copy and to the gluon gemm1_swiglu and dgrad_swiglu only")
+                         f"with sorted_copy and to the gluon kernels only")
     persistent = cfg.persistent
     if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0 or (persistent and (
             kernel not in PERSISTENT_KERNELS or cfg.warp_specialize or cfg.gluon
@@ -242,6 +242,9 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
             # the persistent warp-specialised kernel (`fp8_rows_ws_gluon`): two consumer warpgroups of 64 rows
             (cfg.warp_specialize and (cfg.block_m != 128 or cfg.num_warps != 8),
              "block_m 128 and num_warps 8 with warp_specialize (two consumer warpgroups of 64 rows)"),
+            # the weight gradients have the persistent warp-specialised Gluon kernel only (`fp8_wgrad_ws_gluon`)
+            (kernel in WGRAD and not cfg.warp_specialize, "warp_specialize=True for the weight gradients"),
+            (kernel in WGRAD and cfg.block_n != 128, "block_n 128 for the weight gradients"),
             (cfg.group_m != 1, "group_m 1"),
             (kernel == "dgrad_swiglu" and not cfg.split, "split=True for dgrad (the kernel is its GEMM alone)"),
         ) if bad]

@@ -228,6 +228,15 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
     M, N = a.data.shape[0], b.data.shape[0]
     srcs = [a.data, a2.data if dual else None, b.data]
     tma = cfg.tma and tma_ok(*(t for t in srcs if t is not None))
+    if cfg.gluon:
+        if INTERPRET:
+            raise ValueError(f"tile config {kernel}: gluon runs on a GPU only (Triton's interpreter cannot run Gluon)")
+        if tma:
+            from .fp8_wgrad_ws_gluon import fp8_wgrad_ws  # imported only here: Gluon is experimental
+
+            fp8_wgrad_ws(a, a2, b, plan, outs, stages=cfg.num_stages)
+            return
+        # operands TMA cannot cover run the Triton kernel below: the same block-FP8 math
     if tma:
         srcs = [TensorDescriptor.from_tensor(t, [rows, bk]) if t is not None else None
                 for t, rows in zip(srcs, (bm, bm, bn))]

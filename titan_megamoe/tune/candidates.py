@@ -122,8 +122,8 @@ CANDIDATES_FP8 = {
     "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_GLUON_WS,
     "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT + _FP8_GLUON_WS],
     "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_ONE_LOOP + _FP8_GLUON_WS,
-    "wgrad_w2": _FP8_WGRAD,
-    "wgrad_w13": _FP8_WGRAD,
+    "wgrad_w2": _FP8_WGRAD + _FP8_GLUON_WS,
+    "wgrad_w13": _FP8_WGRAD + _FP8_GLUON_WS,
 }
 
 

@@ -1,0 +1,171 @@
+"""Block-FP8 expert weight gradients in Gluon, persistent and warp-specialised: dW2 and dW1/dW3 (an
+experiment beside `wgrad`'s Triton kernel, launched where the tile config sets `gluon` and
+`warp_specialize`; GPU only).
+
+    C_e = sum over expert e's token tiles t of (A[:, t] * sa_t) (B[:, t] * sb_t)^T    (`wgrad` docstring)
+
+Operands in the token-tile layout (`quant.quantize_token_tiles`: e4m3 [rows, P], tokens contiguous, one
+fp32 scale per row and tile). `fp8_rows_ws_gluon`'s structure: a producer warp loads each K step (one
+token tile) of A's two 64-row halves and B's 128-row tile into a ring of stages; two consumer warpgroups
+take the halves of a 128 x 128 output tile, sharing B, and promote each tile's product into fp32 with its
+row and column scales (an outer product: sa per output row, sb per output column). An item is (expert
+slot, output row block, output column block, which A): dW1 and dW3 are separate items over the same x
+tiles (two accumulators per consumer would not fit beside the products), items of one expert next to
+each other, experts heaviest first (`RoutingPlan.experts_by_load`). An expert without rows stores zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from ..plan import RoutingPlan
+from ..precision import BlockScaled
+from .common import multiprocessors
+from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load
+from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, MAXNREG, PRODUCER_REGS
+from .launch import launch
+
+
+@gluon.jit
+def _item(item, tiles_m, tiles_n, which_count, E, expert_slot_ptr, offsets_ptr, BLOCK_E: gl.constexpr,
+          WARPS: gl.constexpr):
+    """(which A, expert, its first token tile, its token tiles, output row block, output column block) of
+    an item: the A operand fastest, then column blocks, row blocks, expert slots."""
+    which = item % which_count
+    rest = item // which_count
+    pid_n = rest % tiles_n
+    rest = rest // tiles_n
+    pid_m = rest % tiles_m
+    expert = gl.load(expert_slot_ptr + rest // tiles_m)
+    # the plan's tiles are 128 rows of one expert, experts in order: expert e's first token tile is the
+    # number of tiles of the experts before it (`wgrad._first_token_tile`)
+    e = gl.arange(0, BLOCK_E, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    before = e < expert
+    counts = gl.load(offsets_ptr + e + 1, mask=before, other=0) - gl.load(offsets_ptr + e, mask=before, other=0)
+    first = gl.sum((counts + 127) // 128, axis=0)
+    rows = gl.load(offsets_ptr + expert + 1) - gl.load(offsets_ptr + expert)
+    return which, expert, first, (rows + 127) // 128, pid_m, pid_n
+
+
+@gluon.jit
+def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, offsets_ptr, num_items,
+              tiles_m, tiles_n, which_count, E, BLOCK_E: gl.constexpr, STAGES: gl.constexpr):
+    it = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        which, expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, which_count, E, expert_slot_ptr,
+                                                          offsets_ptr, BLOCK_E, 1)
+        for t in range(first, first + count):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            if which == 0:
+                _tma_load(a_desc, [pid_m * 128, t * 128], bar, a_smem.index(2 * s))
+                _tma_load(a_desc, [pid_m * 128 + HALF_M, t * 128], bar, a_smem.index(2 * s + 1))
+            else:
+                _tma_load(a2_desc, [pid_m * 128, t * 128], bar, a_smem.index(2 * s))
+                _tma_load(a2_desc, [pid_m * 128 + HALF_M, t * 128], bar, a_smem.index(2 * s + 1))
+            _tma_load(b_desc, [pid_n * 128, t * 128], bar, b_smem.index(s))
+            it += 1
+
+
+@gluon.jit
+def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
+              c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb, HALF: gl.constexpr,
+              BLOCK_E: gl.constexpr, STAGES: gl.constexpr):
+    """Output rows HALF * 64 .. HALF * 64 + 63 of every item's 128 x 128 tile."""
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 128, 32])
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    # the column scales are loaded one per thread, then spread to the MMA layout (whose threads hold 32
+    # columns each: 32 pointers per thread, which spilled)
+    col_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    zero = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+    it = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        which, expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, which_count, E, expert_slot_ptr,
+                                                          offsets_ptr, BLOCK_E, 4)
+        rows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, mma_layout))
+        cols = pid_n * 128 + gl.arange(0, 128, layout=col_layout)
+        sa_off = rows * stride_sa  # int32: a scale matrix has rows x tiles entries, far below 2^31
+        sb_off = cols * stride_sb
+        rows_ok = rows < M
+        cols_ok = cols < N
+        acc = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+        for t in range(first, first + count):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero, use_acc=False,
+                                 is_async=True)
+            if which == 0:
+                sa = gl.load(a_scale_ptr + sa_off + t, mask=rows_ok, other=0.0)
+            else:
+                sa = gl.load(a2_scale_ptr + sa_off + t, mask=rows_ok, other=0.0)
+            sb = gl.convert_layout(gl.load(b_scale_ptr + sb_off + t, mask=cols_ok, other=0.0),
+                                   gl.SliceLayout(0, mma_layout))
+            prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+            mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
+            # (partial * sa) * sb, as the Triton kernel scales: each step exact (power-of-two scales)
+            acc += prod * sa[:, None] * sb[None, :]
+            it += 1
+        val = gl.convert_layout(acc, store_layout)
+        srows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+        scols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, store_layout))
+        off = (expert.to(gl.int64) * M + srows)[:, None] * N + scols[None, :]
+        ok = (srows < M)[:, None] & (scols < N)[None, :]
+        if which == 0:
+            gl.store(c_ptr + off, val.to(c_ptr.dtype.element_ty), mask=ok)
+        else:
+            gl.store(c2_ptr + off, val.to(c2_ptr.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
+                         c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb,
+                         BLOCK_E: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                         PRODUCER_REGS: gl.constexpr):
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, 128], a_desc.layout)  # stage s: 2s, 2s+1
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, 128, 128], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first copy
+    gl.warp_specialize([
+        (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
+                     c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb, 0,
+                     BLOCK_E, STAGES)),
+        (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
+                     c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb, 1,
+                     BLOCK_E, STAGES)),
+        (_producer, (a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, offsets_ptr, num_items,
+                     tiles_m, tiles_n, which_count, E, BLOCK_E, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
+
+
+def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: RoutingPlan, outs: list[torch.Tensor],
+                 stages: int = 4) -> None:
+    """`wgrad._launch_fp8`'s work from the persistent warp-specialised kernel: outs[0][e] = sum over e's token
+    tiles of A B^T (dequantized), outs[-1] likewise with A2 when given. a, a2: token tiles [M, P]; b: [N, P];
+    outs: [E, M, N] each, every element written."""
+    M, N, E = a.data.shape[0], b.data.shape[0], plan.layout.num_experts
+    assert plan.layout.block_m == SCALE_BLOCK and a.scale.stride(1) == b.scale.stride(1) == 1
+    which = 2 if a2 is not None else 1
+    tiles_m, tiles_n = triton.cdiv(M, 2 * HALF_M.value), triton.cdiv(N, 128)
+    items = E * tiles_m * tiles_n * which
+    a_desc = _descriptor(a.data, HALF_M.value)
+    a2_desc = _descriptor(a2.data, HALF_M.value) if a2 is not None else a_desc
+    launch(_fp8_wgrad_ws_kernel, (min(items, multiprocessors(a.data.device)),), a_desc, a2_desc,
+           _descriptor(b.data, 128), a.scale, (a2 if a2 is not None else a).scale, b.scale, plan.experts_by_load,
+           plan.offsets_E1, outs[0], outs[-1], items, tiles_m, tiles_n, which, E, M, N, a.scale.stride(0),
+           b.scale.stride(0), BLOCK_E=triton.next_power_of_2(E), STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
+           PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
