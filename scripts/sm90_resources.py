@@ -329,14 +329,17 @@ def shipped_fp8_rows(dim: int, hidden: int) -> dict:
                     **({"persistent": c.persistent > 0} if kernel != "gemm1_swiglu" else {})), c
 
     out = {}
+    # where the table picks the persistent warp-specialised Gluon kernels (gluon + warp_specialize), those
     kw, c = cfg("gemm1_swiglu")
-    out["gemm1"] = gemm1(c.block_n, **kw)
+    out["gemm1"] = gluon_gemm1_ws(c.num_stages) if c.gluon else gemm1(c.block_n, **kw)
     kw, c = cfg("gemm2")
-    out["gemm2"] = grouped_gemm(c.block_n, False, **kw)
+    out["gemm2"] = gluon_rows_ws(c.block_n, c.num_stages) if c.gluon else grouped_gemm(c.block_n, False, **kw)
     kw, c = cfg("dx")
-    out["dx"] = grouped_gemm(c.block_n, True, one_loop=c.pairs_in_one_loop, **kw)
+    out["dx"] = (gluon_rows_ws(c.block_n, c.num_stages) if c.gluon
+                 else grouped_gemm(c.block_n, True, one_loop=c.pairs_in_one_loop, **kw))
     kw, c = cfg("dgrad_swiglu")
-    out["dgrad q"] = grouped_gemm(c.block_n, False, sorted_out=True, **kw)
+    out["dgrad q"] = (gluon_rows_ws(c.block_n, c.num_stages, sorted_out=True) if c.gluon
+                      else grouped_gemm(c.block_n, False, sorted_out=True, **kw))
     return out
 
 

@@ -340,14 +340,17 @@ def test_wgrad_fp8_qwen3_30b_layer(cfg):
 _SM90_COMPILE = r"""
 import json, sys
 sys.path.insert(0, "scripts")
-from sm90_resources import wgrad_fp8
+from sm90_resources import gluon_wgrad_ws, wgrad_fp8
 from titan_megamoe.kernels.configs import tile_config
 
 def compile_sm90(kind):
     cfg = tile_config(f"wgrad_{kind}", 2048, 768, "fp8")
     assert cfg.tma, "wgrad_fp8 compiles the TMA form, which the shipped FP8 config must be"
-    res = wgrad_fp8(kind == "w13", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
-    return dict(config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages], **res)
+    if cfg.gluon:  # the persistent warp-specialised Gluon kernel (its launch shape is its own)
+        res = gluon_wgrad_ws(cfg.num_stages)
+    else:
+        res = wgrad_fp8(kind == "w13", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+    return dict(config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.gluon], **res)
 
 print(json.dumps({kind: compile_sm90(kind) for kind in ("w2", "w13")}))
 """
@@ -362,8 +365,9 @@ def sm90_compiles():
 
 @pytest.mark.parametrize("kind", ["w2", "w13"])
 def test_fp8_default_config_compiles_to_fp8_wgmma_on_sm90(sm90_compiles, kind):
-    """The shipped FP8 default config compiled for sm_90 on the CPU (Triton bundles ptxas and cuobjdump):
-    the GEMM must be an FP8 wgmma (QGMMA in the SASS), with nothing spilled to the stack."""
+    """The shipped FP8 config at Qwen3-30B-A3B's shape compiled for sm_90 on the CPU (Triton bundles ptxas
+    and cuobjdump), the Gluon kernel where the table picks it: the GEMM must be an FP8 wgmma (QGMMA in the
+    SASS), with nothing spilled to the stack."""
     import re
 
     res = sm90_compiles[kind]
@@ -372,7 +376,7 @@ def test_fp8_default_config_compiles_to_fp8_wgmma_on_sm90(sm90_compiles, kind):
     assert res["qgmma"] > 0, "no QGMMA (FP8 wgmma) instruction in the SASS"
     stack = re.search(r"STACK:(\d+)", res["usage"])
     assert stack is not None
-    if int(stack.group(1)) and res["config"][:3] == [128, 128, 8]:
+    if int(stack.group(1)) and res["config"][:3] == [128, 128, 8] and not res["config"][4]:
         # configs.py's first FP8 choice: two (w13) or one (w2) 128 x 128 fp32 accumulators plus the
         # per-tile partial and the prefetched scales exceed 255 registers. Measured on an H200 at D=2048,
         # H=768: w2 1.55 ms vs 0.94 ms at 64 x 128 (4 warps, 4 stages), w13 4.37 ms vs 1.87 ms at 64 x 256
