@@ -51,9 +51,9 @@ def _check_bitwise(precision, shape, routing, persistent, block_m=None, group_ms
     T, D, H, E, K = shape
     run = _three_gemms(precision, T, D, H, E, K, routing, seed=T + E)
     # operands through TMA and dgrad split, so all three run in the grouped GEMM in both precisions; one
-    # program per tile whatever the table ships (its configs may be persistent already)
+    # program per tile whatever the table ships (its configs may be persistent already, or Gluon kernels)
     base = {k: dataclasses.replace(configs.tile_config(k, D, H, precision), split=k == "dgrad_swiglu", tma=True,
-                                   persistent=0) for k in KERNELS}
+                                   persistent=0, gluon=False, warp_specialize=False) for k in KERNELS}
     if block_m is not None:
         base = {k: dataclasses.replace(c, block_m=block_m) for k, c in base.items()}
     launched = []
