@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Block-FP8 GEMMs: the Gluon kernels with the promotion overlapped (`kernels.fp8_rows_gluon`,
-`kernels.fp8_gemm1_gluon`) against the shipped Triton kernels (`kernels.grouped_gemm`, `gemm1_swiglu`),
+`kernels.fp8_gemm1_gluon`, and the persistent warp-specialised `*_ws_gluon`) against the Triton kernels
+(`kernels.grouped_gemm`, `gemm1_swiglu`) at the configs the table shipped for them (`_triton_reference`),
 same operands, same process (needs CUDA).
 
 For GEMM2 (y = h W2^T, scattered), dgrad's q (q = dout W2, sorted) and dx (dg W1 + du W3, scattered) at
@@ -29,6 +30,33 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import environment, result_path  # noqa: E402
 
 SHAPES = {"30b": (16384, 8, 128, 2048, 768), "235b": (16384, 8, 128, 4096, 1536)}  # T, K, E, D, H
+
+
+def _triton_reference():
+    """The Triton kernels' configs the table shipped for these shapes before the Gluon kernels won
+    (2026-12-06), pinned so that the reference stays the Triton kernel whatever the table picks now."""
+    from titan_megamoe.kernels.configs import TileConfig
+
+    kw = dict(block_k=128, tma=True)
+    rows = dict(block_m=64, block_n=128, num_warps=4, num_stages=3, **kw)
+    dx = TileConfig(128, 128, num_warps=8, num_stages=3, persistent=1, pairs_in_one_loop=True, **kw)
+    gemm1 = TileConfig(64, 64, num_warps=4, num_stages=3, **kw)
+    return {
+        "30b": {"gemm1_swiglu": gemm1, "gemm2": TileConfig(persistent=2, **rows), "dx": dx,
+                "dgrad_swiglu": TileConfig(split=True, persistent=2, **rows)},
+        "235b": {"gemm1_swiglu": gemm1, "gemm2": TileConfig(**rows), "dx": dx,
+                 "dgrad_swiglu": TileConfig(128, 128, num_warps=8, num_stages=3, split=True, persistent=1, **kw)},
+    }
+
+
+def pinned(shape: str, kernel: str, call):
+    """`call` with the Triton reference config of `kernel` at `shape` in force."""
+    from titan_megamoe.kernels.configs import override_tile_config
+
+    def run():
+        with override_tile_config(kernel, _triton_reference()[shape][kernel]):
+            return call()
+    return run
 # block_m, block_n, warps, stages, warp-specialised (`fp8_rows_ws_gluon`: persistent, a producer warp and two
 # consumer warpgroups of 64 rows; block_m and warps are then the kernel's own, 128 and 4 + 4)
 VARIANTS = [
@@ -58,8 +86,8 @@ def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_o
     xq = quantize_sorted_rows(x, plan)
     flop = 2 * N * D * H * 2
 
-    def triton_call():
-        return gemm1_swiglu(xq, w1q, w3q, plan, torch.bfloat16, "fp8", sorted_rows=True)
+    triton_call = pinned(shape, "gemm1_swiglu",
+                         lambda: gemm1_swiglu(xq, w1q, w3q, plan, torch.bfloat16, "fp8", sorted_rows=True))
 
     exact = torch.zeros(len(check_rows), H, dtype=torch.float64, device="cuda")
     for e in (0, E // 2, E - 1):
@@ -185,6 +213,7 @@ def main():
                 bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_out, save)
                 continue
             triton_call, gkw, pairs, nd, sorted_out = cases[name]
+            triton_call = pinned(shape, {"dgrad_q": "dgrad_swiglu"}.get(name, name), triton_call)
             kd = pairs[0][0].data.shape[1]
             flop = 2 * N * kd * nd * len(pairs)
             os.environ["TITAN_MEGAMOE_POISON"] = "1"

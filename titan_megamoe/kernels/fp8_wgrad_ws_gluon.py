@@ -96,18 +96,26 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
         sb_off = cols * stride_sb
         rows_ok = rows < M
         cols_ok = cols < N
+        if which == 0:
+            sa_ptr = a_scale_ptr + sa_off
+        else:
+            sa_ptr = a2_scale_ptr + sa_off
         acc = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+        # each token tile's scales are loaded one tile ahead (their latency would outlast the MMA); an empty
+        # expert loads tile `first` once, in range, and uses nothing
+        sa_next = gl.load(sa_ptr + first, mask=rows_ok, other=0.0)
+        sb_next = gl.load(b_scale_ptr + sb_off + first, mask=cols_ok, other=0.0)
+        last = first + gl.maximum(count, 1) - 1
         for t in range(first, first + count):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero, use_acc=False,
                                  is_async=True)
-            if which == 0:
-                sa = gl.load(a_scale_ptr + sa_off + t, mask=rows_ok, other=0.0)
-            else:
-                sa = gl.load(a2_scale_ptr + sa_off + t, mask=rows_ok, other=0.0)
-            sb = gl.convert_layout(gl.load(b_scale_ptr + sb_off + t, mask=cols_ok, other=0.0),
-                                   gl.SliceLayout(0, mma_layout))
+            sa = sa_next
+            sb = gl.convert_layout(sb_next, gl.SliceLayout(0, mma_layout))
+            t_next = gl.minimum(t + 1, last)
+            sa_next = gl.load(sa_ptr + t_next, mask=rows_ok, other=0.0)
+            sb_next = gl.load(b_scale_ptr + sb_off + t_next, mask=cols_ok, other=0.0)
             prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
             mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
             # (partial * sa) * sb, as the Triton kernel scales: each step exact (power-of-two scales)
