@@ -81,24 +81,15 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
             srows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
             srow_ok = srows < row_end  # rows past the expert's end were computed and are dropped here
             row_off = srows.to(gl.int64)[:, None] * H
-            sa_off = rows.to(gl.int64) * kb
             for half in gl.static_range(2):
                 acc = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
-                # each K block's scales are loaded one block ahead (their latency would outlast the MMA)
-                sa_next = gl.load(xs_ptr + sa_off, mask=rows_in, other=0.0)
-                s1_next = gl.load(w1s_ptr + ws_off)
-                s3_next = gl.load(w3s_ptr + ws_off)
                 for k in range(kb):
                     s = it % STAGES
                     mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                     prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero,
                                          use_acc=False, is_async=True)
-                    sa = sa_next
-                    col_scale = gl.where(is_gate, s1_next, s3_next)
-                    k_next = gl.minimum(k + 1, kb - 1)
-                    sa_next = gl.load(xs_ptr + sa_off + k_next, mask=rows_in, other=0.0)
-                    s1_next = gl.load(w1s_ptr + ws_off + k_next)
-                    s3_next = gl.load(w3s_ptr + ws_off + k_next)
+                    sa = gl.load(xs_ptr + rows.to(gl.int64) * kb + k, mask=rows_in, other=0.0)
+                    col_scale = gl.where(is_gate, gl.load(w1s_ptr + ws_off + k), gl.load(w3s_ptr + ws_off + k))
                     prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
                     mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
                     # (sa * sb) first, as the Triton kernel scales: the same fp32 sums, bit for bit

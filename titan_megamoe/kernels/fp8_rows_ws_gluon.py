@@ -95,17 +95,12 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
             rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
             rows_in = rows < N
             acc = gl.zeros((HALF_M, BLOCK_N), gl.float32, layout=mma_layout)
-            # each K block's scales are loaded one block ahead: their latency (a gather from L2) would
-            # otherwise outlast the MMA they wait beside
-            scale_next = _block_scale(0, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
             for j in range(total):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero,
                                      use_acc=False, is_async=True)
-                scale = scale_next
-                scale_next = _block_scale(gl.minimum(j + 1, total - 1), kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows,
-                                          rows_in, b_scale_off)
+                scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
                 prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
                 # this warpgroup's MMA has read the stage: one of the two arrivals that free it
                 mbarrier.arrive(empty.index(s), count=1)
