@@ -44,9 +44,10 @@ class TileConfig:
     # weight gradients (bf16) with tma: the gathered operand (dout for dW2, x for dW1/dW3) copied into
     # sorted order first, so both operands come through TMA (mainloop.varlen_mainloop)
     sorted_copy: bool = False
-    # block FP8 gemm1_swiglu, gemm2, dgrad_swiglu's GEMM and dx only: the Gluon kernels that overlap each K
-    # block's scaling with the next block's MMA (`fp8_gemm1_gluon`, `fp8_rows_gluon`; GPU only, both operands
-    # through TMA, so tma too)
+    # block FP8 only, GPU only, both operands through TMA (so tma too): the Gluon kernels. Without
+    # warp_specialize (gemm1_swiglu, gemm2, dgrad_swiglu's GEMM, dx) one item per program, each K block's
+    # scaling overlapped with the next block's MMA (`fp8_gemm1_gluon`, `fp8_rows_gluon`); with it (those and
+    # the weight gradients) the persistent warp-specialised kernels (`*_ws_gluon`)
     gluon: bool = False
     # gemm2, dx and dgrad's GEMM (with split and tma: then it is the grouped GEMM's): resident programs per
     # multiprocessor, each walking the tile schedule (grouped_gemm: with one operand pair Triton flattens that
