@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
 from ..plan import RoutingPlan
@@ -29,7 +29,7 @@ from ..precision import BlockScaled
 from .common import cast_rne, e4m3_scale, multiprocessors, new_output, to_e4m3
 from .epilogue import swiglu
 from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load, plan_row_tile
-from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, MAXNREG, PRODUCER_REGS
+from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, MAXNREG, PRODUCER_REGS, ring, ring_done
 from .launch import launch
 
 
@@ -122,14 +122,7 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
 def _fp8_gemm1_ws_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
                          offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, N, D, H, num_items, STAGES: gl.constexpr,
                          CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    a_smem = gl.allocate_shared_memory(x_desc.dtype, [2 * STAGES, HALF_M, 128], x_desc.layout)  # stage s: 2s, 2s+1
-    b_smem = gl.allocate_shared_memory(w1_desc.dtype, [STAGES, 128, 128], w1_desc.layout)  # W1's 64 rows, W3's 64
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
-    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first copy
+    a_smem, b_smem, ready, empty = ring(x_desc, w1_desc, 128, STAGES)  # a weight tile: W1's 64 rows, W3's 64
     kb = D // 128
     num_n = H // 128
     gl.warp_specialize([
@@ -140,9 +133,7 @@ def _fp8_gemm1_ws_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, til
         (_producer, (x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr, offsets_ptr,
                      num_items, num_n, H, kb, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-        mbarrier.invalidate(empty.index(s))
+    ring_done(ready, empty, STAGES)
 
 
 def fp8_gemm1_ws(x: BlockScaled, w1: BlockScaled, w3: BlockScaled, plan: RoutingPlan, out_dtype=torch.bfloat16,

@@ -163,8 +163,16 @@ def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_p
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
 
-    # epilogue: 16-byte bf16 stores along each row
-    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [num_warps, 1], [1, 0])
+    store_rows(out_ptr, acc, row0, row_end, n0, order_ptr, ND, BLOCK_M, BLOCK_N, SORTED_OUT, num_warps)
+
+
+@gluon.jit
+def store_rows(out_ptr, acc, row0, row_end, n0, order_ptr, ND, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               SORTED_OUT: gl.constexpr, WARPS: gl.constexpr):
+    """The row GEMMs' epilogue: sorted rows row0 .. row0 + BLOCK_M - 1 of the accumulator, columns n0 ..,
+    stored in out's dtype at their sorted row (SORTED_OUT) or at order[row]; rows past the expert's end
+    (computed on rows of the next expert or TMA's zeros) are dropped. 16-byte stores along each row."""
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
     val = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), store_layout)
     srows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import multiprocessors, new_output
-from .fp8_rows_gluon import SCALE_BLOCK, _block_scale, _descriptor, _tma_load, plan_row_tile
+from .fp8_rows_gluon import SCALE_BLOCK, _block_scale, _descriptor, _tma_load, plan_row_tile, store_rows
 from .launch import launch
 
 HALF_M = gl.constexpr(64)  # rows per consumer warpgroup (one wgmma M of 64); a plan tile is two halves
@@ -43,6 +43,29 @@ PRODUCER_REGS = 24  # the producer only computes addresses and loop counters
 # 12 warps at launch (two consumer warpgroups, the producer's warp rounded up to a warpgroup): each thread
 # may start with at most 65536 / (12 * 32) registers, rounded down to 8; the partitions then rebalance
 MAXNREG = 65536 // (12 * 32) // 8 * 8
+
+
+@gluon.jit
+def ring(a_desc, b_desc, B_ROWS: gl.constexpr, STAGES: gl.constexpr):
+    """The pipeline the producer fills and the consumers drain: STAGES stages of A's two 64-row halves
+    (a_smem[2s], a_smem[2s + 1]) and a B_ROWS x 128 weight tile, with their barriers: `ready[s]` (the
+    stage's TMA bytes have landed) and `empty[s]` (both consumers' MMAs have read it)."""
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, 128], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, B_ROWS, 128], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first copy
+    return a_smem, b_smem, ready, empty
+
+
+@gluon.jit
+def ring_done(ready, empty, STAGES: gl.constexpr):
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+        mbarrier.invalidate(empty.index(s))
 
 
 @gluon.jit
@@ -81,8 +104,6 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    # epilogue: 16-byte bf16 stores along each row
-    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [4, 1], [1, 0])
     zero = gl.zeros((HALF_M, BLOCK_N), gl.float32, layout=mma_layout)
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -106,16 +127,7 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
                 mbarrier.arrive(empty.index(s), count=1)
                 acc += prod * scale[:, None]
                 it += 1
-            val = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), store_layout)
-            srows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
-            cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))
-            row_ok = srows < row_end  # rows past the expert's end were computed and are dropped here
-            if SORTED_OUT:
-                dest = srows
-            else:
-                dest = gl.load(order_ptr + srows, mask=row_ok, other=0)
-            off = dest.to(gl.int64)[:, None] * ND + cols[None, :]
-            gl.store(out_ptr + off, val, mask=row_ok[:, None] & (cols < ND)[None, :])
+            store_rows(out_ptr, acc, my_row0, row_end, n0, order_ptr, ND, HALF_M, BLOCK_N, SORTED_OUT, 4)
 
 
 @gluon.jit
@@ -123,14 +135,7 @@ def _fp8_rows_ws_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2
                         tile_expert_ptr, tile_row_ptr, offsets_ptr, out_ptr, N, KD, ND, NK1, num_items,
                         SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    a_smem = gl.allocate_shared_memory(a1_desc.dtype, [2 * STAGES, HALF_M, 128], a1_desc.layout)  # stage s: 2s, 2s+1
-    b_smem = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, BLOCK_N, 128], b1_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
-    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first copy
+    a_smem, b_smem, ready, empty = ring(a1_desc, b1_desc, BLOCK_N, STAGES)
     kb = KD // 128  # K blocks per pair
     num_n = gl.cdiv(ND, BLOCK_N)
     gl.warp_specialize([
@@ -143,9 +148,7 @@ def _fp8_rows_ws_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2
         (_producer, (a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
                      offsets_ptr, num_items, num_n, ND, kb, NK1, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-        mbarrier.invalidate(empty.index(s))
+    ring_done(ready, empty, STAGES)
 
 
 def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,

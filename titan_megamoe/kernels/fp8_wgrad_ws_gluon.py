@@ -20,14 +20,14 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import multiprocessors
 from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load
-from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, MAXNREG, PRODUCER_REGS
+from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, MAXNREG, PRODUCER_REGS, ring, ring_done
 from .launch import launch
 
 
@@ -137,14 +137,7 @@ def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_s
                          c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb,
                          BLOCK_E: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                          PRODUCER_REGS: gl.constexpr):
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, 128], a_desc.layout)  # stage s: 2s, 2s+1
-    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, 128, 128], b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
-    fence_async_shared()  # the barriers' initialisation is visible to the TMA unit before its first copy
+    a_smem, b_smem, ready, empty = ring(a_desc, b_desc, 128, STAGES)
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
                      c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb, 0,
@@ -155,9 +148,7 @@ def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_s
         (_producer, (a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, offsets_ptr, num_items,
                      tiles_m, tiles_n, which_count, E, BLOCK_E, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
-        mbarrier.invalidate(empty.index(s))
+    ring_done(ready, empty, STAGES)
 
 
 def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: RoutingPlan, outs: list[torch.Tensor],
