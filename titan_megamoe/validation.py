@@ -180,7 +180,8 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
         raise ValueError(f"router_topk: top_k must be in [1, {E}], got {top_k}")
 
 
-# the block-FP8 GEMMs with Gluon kernels: `kernels.fp8_gemm1_gluon` (GEMM1), `kernels.fp8_rows_gluon` (the rest)
+# the block-FP8 GEMMs with Gluon kernels: one item per program (`kernels.fp8_gemm1_gluon`, `fp8_rows_gluon`),
+# persistent and warp-specialised (`kernels.fp8_gemm1_ws_gluon`, `fp8_rows_ws_gluon`, `fp8_wgrad_ws_gluon`)
 GLUON_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx", "wgrad_w2", "wgrad_w13")
 PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kernels/grouped_gemm.py)
 
@@ -188,11 +189,12 @@ PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kern
 def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None = None) -> None:
     """A forced tile config must fit its kernel: row-tiled kernels take the plan's tiles whole or in equal
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
-    for the TMA loops of gemm2, dx and the sorted-copy weight gradients and the gluon row GEMMs, grouped row order (group_m) only
-    for the row-tiled kernels, sorted_copy only for the weight gradients with tma, gluon only for the
-    block-FP8 GEMM1, GEMM2, dgrad, dx and the weight gradients with the shapes its kernel takes (`precision`, where the caller knows
-    it: a table entry's), persistent only for the grouped GEMM's kernels (gemm2, dx, split dgrad's GEMM),
-    weight_tma only for dgrad's own kernel, pairs_in_one_loop only for dx with tma."""
+    for the TMA loops of gemm2, dx and the sorted-copy weight gradients and for the Gluon kernels, grouped
+    row order (group_m) only for the row-tiled kernels, sorted_copy only for the weight gradients with tma,
+    gluon only for the block-FP8 GEMM1, GEMM2, dgrad, dx and weight gradients with the shapes its kernel
+    takes (`precision`, where the caller knows it: a table entry's), persistent only for the grouped GEMM's
+    kernels (gemm2, dx, split dgrad's GEMM), weight_tma only for dgrad's own kernel, pairs_in_one_loop only
+    for dx with tma."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 

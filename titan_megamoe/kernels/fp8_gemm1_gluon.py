@@ -106,8 +106,8 @@ def _fp8_gemm1_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, tile_e
                       g_ptr, u_ptr, h_ptr, hs_ptr, N, D, H, BLOCK_M: gl.constexpr, SUB_TILES: gl.constexpr,
                       STAGES: gl.constexpr, num_warps: gl.constexpr):
     # the plan tile and 128 columns of this program (row_tile's order: N-tiles fastest)
-    expert, row0, row_end, pid_n = plan_row_tile(gl.program_id(0), gl.cdiv(H, 128), tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                 BLOCK_M, SUB_TILES)
+    expert, row0, row_end, pid_n = plan_row_tile(gl.program_id(0), gl.cdiv(H, 128), tile_expert_ptr, tile_row_ptr,
+                                                 offsets_ptr, BLOCK_M, SUB_TILES)
     n0 = pid_n * 128
     if (expert < 0) | (row0 >= row_end):
         return

@@ -135,8 +135,8 @@ def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_p
                      SORTED_OUT: gl.constexpr, BLOCK_M: gl.constexpr, SUB_TILES: gl.constexpr,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
     # the plan tile and columns of this program (row_tile's order: N-tiles fastest)
-    expert, row0, row_end, pid_n = plan_row_tile(gl.program_id(0), gl.cdiv(ND, BLOCK_N), tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                 BLOCK_M, SUB_TILES)
+    expert, row0, row_end, pid_n = plan_row_tile(gl.program_id(0), gl.cdiv(ND, BLOCK_N), tile_expert_ptr,
+                                                 tile_row_ptr, offsets_ptr, BLOCK_M, SUB_TILES)
     n0 = pid_n * BLOCK_N
     if (expert < 0) | (row0 >= row_end):
         return

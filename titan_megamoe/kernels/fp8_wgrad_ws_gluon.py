@@ -76,8 +76,8 @@ def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot
 
 @gluon.jit
 def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
-              c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb, HALF: gl.constexpr,
-              BLOCK_E: gl.constexpr, STAGES: gl.constexpr):
+              c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb,
+              HALF: gl.constexpr, BLOCK_E: gl.constexpr, STAGES: gl.constexpr):
     """Output rows HALF * 64 .. HALF * 64 + 63 of every item's 128 x 128 tile."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
