@@ -249,6 +249,36 @@ def test_wgrad_fp8_gluon_ws(case, out_dtype):
     _run_w13(p, out_dtype, GLUON_WS)
 
 
+def test_gluon_ws_launcher_host_path(monkeypatch):
+    """`fp8_wgrad_ws` on the host with the launch stubbed (the kernel needs a GPU): descriptors over the
+    token tiles (A in 64-row halves, B in 128 rows), items = experts x row blocks x column blocks x (2 for
+    dW1/dW3, 1 for dW2), one program per multiprocessor, the scales, both outputs."""
+    import triton
+
+    from titan_megamoe.kernels import fp8_wgrad_ws_gluon as ws
+
+    p = _problem("segments")
+    t, plan, E, D, H = p["tiles"], p["plan"], p["E"], p["D"], p["H"]
+    seen = {}
+    monkeypatch.setattr(ws, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
+                                                                                      kw=kw))
+    monkeypatch.setattr(ws, "multiprocessors", lambda device: 7)
+    for a, a2, b, M, N in ((t["dg"], t["du"], t["x"], H, D), (t["dout"], None, t["hs"], D, H)):
+        outs = [torch.empty(E, M, N, device=DEVICE) for _ in range(1 if a2 is None else 2)]
+        ws.fp8_wgrad_ws(a, a2, b, plan, outs, stages=5)
+        which = 1 if a2 is None else 2
+        items = E * triton.cdiv(M, 128) * triton.cdiv(N, 128) * which
+        args = seen["args"]
+        assert seen["kernel"] is ws._fp8_wgrad_ws_kernel and seen["grid"] == (min(items, 7),)
+        assert [list(d.block_shape) for d in args[:3]] == [[64, 128], [64, 128], [128, 128]]
+        assert args[3] is a.scale and args[4] is (a2 or a).scale and args[5] is b.scale
+        assert torch.equal(args[6], plan.experts_by_load) and args[7] is plan.offsets_E1
+        assert args[8] is outs[0] and args[9] is outs[-1]
+        assert args[10:17] == (items, triton.cdiv(M, 128), triton.cdiv(N, 128), which, E, M, N)
+        assert args[17:19] == (a.scale.stride(0), b.scale.stride(0))
+        assert seen["kw"]["STAGES"] == 5 and seen["kw"]["maxnreg"] == 168 and seen["kw"]["BLOCK_E"] == 8
+
+
 def test_wgrad_fp8_no_rows():
     plan = build_routing_plan(torch.zeros(0, 2, dtype=torch.int64, device=DEVICE), 3, 128)
     q = quant.quantize_token_tiles(torch.zeros(0, 32, dtype=torch.bfloat16, device=DEVICE), plan)
