@@ -26,11 +26,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .common import multiprocessors, tma_ok
 from .epilogue import dswiglu_math_bf16, dswiglu_values_bf16
-from .fp8_rows_gluon import _cta_barrier, _tma_load
+from .fp8_rows_gluon import _cta_barrier, _descriptor, _tma_load
 from .launch import launch
 from .quantize_gluon import store_rows_e4m3, store_token_tile_e4m3
 
@@ -155,10 +154,6 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, order_ptr
         mbarrier.invalidate(ready.index(st))
 
 
-def _descriptor(t: torch.Tensor) -> TensorDescriptor:
-    return TensorDescriptor.from_tensor(t, [128, 128], gl.NVMMASharedLayout.get_default_for([128, 128], gl.bfloat16))
-
-
 def dswiglu_fp8(q_NH, g_NH, u_NH, scores_N, plan, row_args, tile_args, ds_part, num_warps: int,
                 exact_cast: bool, persistent: bool = False) -> None:
     """Fill `dgrad_swiglu._dswiglu_fp8`'s outputs (allocated there): row_args (dg, dg_scale, du, du_scale),
@@ -168,8 +163,9 @@ def dswiglu_fp8(q_NH, g_NH, u_NH, scores_N, plan, row_args, tile_args, ds_part, 
     H = g_NH.shape[1]
     num_tiles = plan.layout.num_tiles
     if persistent and all(t.dtype == torch.bfloat16 for t in (q_NH, g_NH, u_NH)) and tma_ok(q_NH, g_NH, u_NH):
+        q, g, u = (_descriptor(t, 128, gl.bfloat16) for t in (q_NH, g_NH, u_NH))  # [128, 128] bf16 tiles
         launch(_dswiglu_fp8_persistent_kernel, (min(multiprocessors(q_NH.device), num_tiles * (H // 128)),),
-               _descriptor(q_NH), _descriptor(g_NH), _descriptor(u_NH), scores_N, plan.order_N, plan.tile_expert,
+               q, g, u, scores_N, plan.order_N, plan.tile_expert,
                plan.tile_row, plan.offsets_E1, *row_args, *tile_args, ds_part, H, num_tiles * 128, num_tiles,
                EXACT_CAST=exact_cast, num_warps=num_warps)
         return

@@ -185,9 +185,11 @@ def store_rows(out_ptr, acc, row0, row_end, n0, order_ptr, ND, BLOCK_M: gl.const
     gl.store(out_ptr + off, val, mask=row_ok[:, None] & (cols < ND)[None, :])
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+def _descriptor(t: torch.Tensor, rows: int, dtype=gl.float8e4nv) -> TensorDescriptor:
+    """A TMA descriptor over t as a matrix (leading dimensions flattened) in [rows, 128] tiles, with the
+    MMA-friendly shared-memory layout of `dtype` (t's element type in Gluon's terms)."""
     t = t.reshape(-1, t.shape[-1])
-    layout = gl.NVMMASharedLayout.get_default_for([rows, SCALE_BLOCK], gl.float8e4nv)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, SCALE_BLOCK], dtype)
     return TensorDescriptor.from_tensor(t, [rows, SCALE_BLOCK], layout)
 
 
