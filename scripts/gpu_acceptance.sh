@@ -58,7 +58,9 @@ gpu_tests() {
 }
 stage gpu_tests "${TESTS_LIMIT:-590}" bash -c "$(declare -f gpu_tests); gpu_tests"
 # options written for tuning and timed at few shapes (dx's pairs in one K loop: on an H100 on 2026-12-06 block
-# FP8's won at both Qwen3 shapes, bf16's lost at 30B-A3B), each against the config in use (--only-fields);
+# FP8's won at both Qwen3 shapes, bf16's lost at 30B-A3B; the persistent warp-specialised Gluon FP8 kernels:
+# on H100s on 2026-12-06 they won every FP8 GEMM but dW1/dW3 at both Qwen3 shapes, not yet timed on an H200),
+# each against the config in use (--only-fields);
 # TUNE_SHAPE (D H E K T) picks the shape, 30B-A3B's by default.
 # TUNE_WRITE=1: also merge each run's winners into this checkout's table, so that the stages after it in the same
 # call (bench) run them; the table comes back as OUT_DIR/tune/tuned_configs.json
@@ -66,7 +68,8 @@ tune_candidates() {
   local shape=${TUNE_SHAPE:-2048 768 128 8 16384}
   # shellcheck disable=SC2086
   for args in "--kernels dx --only-fields pairs_in_one_loop" \
-      "--precision fp8 --kernels dx --only-fields pairs_in_one_loop"; do
+      "--precision fp8 --kernels dx --only-fields pairs_in_one_loop" \
+      "--precision fp8 --kernels gemm1_swiglu gemm2 dgrad_swiglu dx wgrad_w2 wgrad_w13 --only-fields gluon"; do
     echo "--- $shape $args"
     timeout 240 python3 scripts/tune_kernels.py --shape $shape $args --out "$out/tune" ${TUNE_WRITE:+--write} \
       || echo "rc=$?"
