@@ -204,6 +204,7 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
                                 stages=cfg.num_stages, out=out)
         # expert parallelism over symmetric memory (stores to peers, waits for arriving rows) and operands
         # TMA cannot cover run the Triton kernel below: the same block-FP8 math, the promotion not overlapped
+        # (and without Triton's own warp specialisation, which `warp_specialize` asks of the Gluon kernel here)
     if use_tma:
         b_block = [cfg.block_n, cfg.block_k] if b_trans else [cfg.block_k, cfg.block_n]
         a1, b1 = matrix_descriptor(a1, [cfg.block_m, cfg.block_k]), matrix_descriptor(b1, b_block)
@@ -215,7 +216,8 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, *scales,
         peers.offsets if peers is not None else None, *(arrivals if arrivals is not None else (None, None)), kd, nd,
         plan.layout.num_tiles, *b_strides,
-        TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize, SORTED_OUT=sorted_out,
+        TWO_PAIRS=two_pairs, TMA=use_tma, B_TRANS=b_trans, WS=use_tma and cfg.warp_specialize and not cfg.gluon,
+        SORTED_OUT=sorted_out,
         PEER_OUT=peers is not None, WAIT=arrivals is not None,
         BLOCK_M=cfg.block_m, SUB_TILES=sub_tiles, GROUP_M=cfg.group_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         FP8=fp8, PERSISTENT=persistent, ONE_LOOP=one_loop,
