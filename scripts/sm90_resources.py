@@ -169,23 +169,15 @@ def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages
 
 def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False):
     """The persistent warp-specialised Gluon block-FP8 row GEMM (`fp8_rows_ws_gluon`), as it launches."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
 
     sig = {**_gluon_fp8_descs(ws.HALF_M.value, block_n), **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"), **PLAN,
            "out_ptr": "*bf16", **_types("N KD ND NK1 num_items", "i32")}
-    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
-    return compile_sm90(ws._fp8_rows_ws_kernel, sig,
-                        dict(SORTED_OUT=sorted_out, BLOCK_N=block_n, STAGES=stages, CONSUMER_REGS=ws.CONSUMER_REGS,
-                             PRODUCER_REGS=ws.PRODUCER_REGS),
-                        aligned, 4, 1, source=GluonASTSource, maxnreg=ws.MAXNREG)
+    return _compile_ws(ws._fp8_rows_ws_kernel, sig, stages, SORTED_OUT=sorted_out, BLOCK_N=block_n)
 
 
 def gluon_gemm1_ws(stages: int = 4):
     """The persistent warp-specialised Gluon block-FP8 GEMM1 (`fp8_gemm1_ws_gluon`), as it launches."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from titan_megamoe.kernels import fp8_gemm1_ws_gluon as g1
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
 
@@ -194,16 +186,11 @@ def gluon_gemm1_ws(stages: int = 4):
            **_types("xs_ptr w1s_ptr w3s_ptr", "*fp32"), **_types("tile_expert_ptr tile_row_ptr offsets_ptr", "*i32"),
            **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv",
            "hs_ptr": "*fp32", **_types("N D H num_items", "i32")}
-    aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
-    return compile_sm90(g1._fp8_gemm1_ws_kernel, sig,
-                        dict(STAGES=stages, CONSUMER_REGS=ws.CONSUMER_REGS, PRODUCER_REGS=ws.PRODUCER_REGS),
-                        aligned, 4, 1, source=GluonASTSource, maxnreg=ws.MAXNREG)
+    return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages)
 
 
-def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", producer_regs: int = 24):
+def gluon_wgrad_ws(stages: int = 4, out: str = "bf16"):
     """The persistent warp-specialised Gluon block-FP8 weight gradient (`fp8_wgrad_ws_gluon`), as it launches."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
     from titan_megamoe.kernels import fp8_wgrad_ws_gluon as wg
 
@@ -212,10 +199,21 @@ def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", producer_regs: int = 24):
            **_types("a_scale_ptr a2_scale_ptr b_scale_ptr", "*fp32"), **_types("expert_slot_ptr offsets_ptr", "*i32"),
            **_types("c_ptr c2_ptr", f"*{out}"),
            **_types("num_items tiles_m tiles_n which_count E M N stride_sa stride_sb", "i32")}
+    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, BLOCK_E=128)
+
+
+def _compile_ws(fn, sig: dict, stages: int, **constexprs) -> dict:
+    """A persistent warp-specialised Gluon kernel compiled with the constexprs and launch options its
+    launcher passes (`fp8_rows_ws_gluon.ws_options`); pointers and i32 arguments 16-byte divisible."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels.fp8_rows_ws_gluon import ws_options
+
+    opts = ws_options(stages)
+    num_warps, maxnreg = opts.pop("num_warps"), opts.pop("maxnreg")
     aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
-    return compile_sm90(wg._fp8_wgrad_ws_kernel, sig,
-                        dict(BLOCK_E=128, STAGES=stages, CONSUMER_REGS=ws.CONSUMER_REGS, PRODUCER_REGS=producer_regs),
-                        aligned, 4, 1, source=GluonASTSource, maxnreg=ws.MAXNREG)
+    return compile_sm90(fn, sig, {**constexprs, **opts}, aligned, num_warps, 1, source=GluonASTSource,
+                        maxnreg=maxnreg)
 
 
 def _gluon_fp8_descs(block_m: int, block_n: int) -> dict:

@@ -263,10 +263,11 @@ def test_gluon_gemm1_launcher_host_path(monkeypatch):
     assert seen["kw"] == dict(BLOCK_M=64, SUB_TILES=2, STAGES=3, num_warps=4)
 
     from titan_megamoe.kernels import fp8_gemm1_ws_gluon as ws
+    from titan_megamoe.kernels import fp8_rows_ws_gluon  # its launch_ws launches every warp-specialised kernel
 
-    monkeypatch.setattr(ws, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
-                                                                                      kw=kw))
-    monkeypatch.setattr(ws, "multiprocessors", lambda device: 5)
+    monkeypatch.setattr(fp8_rows_ws_gluon, "launch", lambda kernel, grid, *args, **kw: seen.update(
+        kernel=kernel, grid=grid, args=args, kw=kw))
+    monkeypatch.setattr(fp8_rows_ws_gluon, "multiprocessors", lambda device: 5)
     g, u, h = ws.fp8_gemm1_ws(x, w1, w1, plan, stages=4)
     assert g.shape == u.shape == h.data.shape == (T * K, H) and h.scale.shape == (T * K, H // 128)
     items = plan.layout.num_tiles * (H // 128)

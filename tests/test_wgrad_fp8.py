@@ -255,14 +255,15 @@ def test_gluon_ws_launcher_host_path(monkeypatch):
     dW1/dW3, 1 for dW2), one program per multiprocessor, the scales, both outputs."""
     import triton
 
+    from titan_megamoe.kernels import fp8_rows_ws_gluon  # its launch_ws launches every warp-specialised kernel
     from titan_megamoe.kernels import fp8_wgrad_ws_gluon as ws
 
     p = _problem("segments")
     t, plan, E, D, H = p["tiles"], p["plan"], p["E"], p["D"], p["H"]
     seen = {}
-    monkeypatch.setattr(ws, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
-                                                                                      kw=kw))
-    monkeypatch.setattr(ws, "multiprocessors", lambda device: 7)
+    monkeypatch.setattr(fp8_rows_ws_gluon, "launch", lambda kernel, grid, *args, **kw: seen.update(
+        kernel=kernel, grid=grid, args=args, kw=kw))
+    monkeypatch.setattr(fp8_rows_ws_gluon, "multiprocessors", lambda device: 7)
     for a, a2, b, M, N in ((t["dg"], t["du"], t["x"], H, D), (t["dout"], None, t["hs"], D, H)):
         outs = [torch.empty(E, M, N, device=DEVICE) for _ in range(1 if a2 is None else 2)]
         ws.fp8_wgrad_ws(a, a2, b, plan, outs, stages=5)

@@ -26,11 +26,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import cast_rne, e4m3_scale, multiprocessors, new_output, to_e4m3
+from .common import cast_rne, e4m3_scale, new_output, to_e4m3
 from .epilogue import swiglu
 from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load, plan_row_tile
-from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, MAXNREG, PRODUCER_REGS, ring, ring_done
-from .launch import launch
+from .fp8_rows_ws_gluon import HALF_M, launch_ws, ring, ring_done
 
 
 @gluon.jit
@@ -151,9 +150,8 @@ def fp8_gemm1_ws(x: BlockScaled, w1: BlockScaled, w3: BlockScaled, plan: Routing
     items = plan.layout.num_tiles * (H // 128)
     if items == 0:
         return g, u, h
-    launch(_fp8_gemm1_ws_kernel, (min(items, multiprocessors(dev)),), _descriptor(x.data, HALF_M.value),
-           _descriptor(w1.data, 64), _descriptor(w3.data, 64), x.scale, w1.scale, w3.scale, plan.tile_expert,
-           plan.tile_row, plan.offsets_E1, g, u, h.data, h.scale, N, D, H, items, STAGES=stages,
-           CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+    launch_ws(_fp8_gemm1_ws_kernel, items, dev, stages, _descriptor(x.data, HALF_M.value), _descriptor(w1.data, 64),
+              _descriptor(w3.data, 64), x.scale, w1.scale, w3.scale, plan.tile_expert, plan.tile_row, plan.offsets_E1,
+              g, u, h.data, h.scale, N, D, H, items)
     return g, u, h
 

@@ -193,6 +193,22 @@ def _descriptor(t: torch.Tensor, rows: int, dtype=gl.float8e4nv) -> TensorDescri
     return TensorDescriptor.from_tensor(t, [rows, SCALE_BLOCK], layout)
 
 
+def pair_args(a1: BlockScaled, b1: BlockScaled, a2: BlockScaled | None, b2: BlockScaled | None, a_rows: int,
+              block_n: int) -> tuple:
+    """The row GEMMs' operand arguments: the four descriptors (A tiles of a_rows x 128, B tiles of block_n x 128),
+    then the four scales. With one pair the second pair's arguments repeat the first's (the kernel never
+    reads them), built once."""
+    descs = (_descriptor(a1.data, a_rows), _descriptor(b1.data, block_n))
+    descs += (_descriptor(a2.data, a_rows), _descriptor(b2.data, block_n)) if a2 is not None else descs
+    scales = (a1.scale, b1.scale) + ((a2.scale, b2.scale) if a2 is not None else (a1.scale, b1.scale))
+    return descs + scales
+
+
+def k_blocks(a1: BlockScaled, a2: BlockScaled | None) -> int:
+    """K blocks of both pairs together: the first pair's, twice with a second pair (dx)."""
+    return a1.data.shape[1] // SCALE_BLOCK * (2 if a2 is not None else 1)
+
+
 def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,
                  a2: BlockScaled | None = None, b2: BlockScaled | None = None, sorted_out: bool = False,
                  block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages: int = 4,
@@ -210,15 +226,9 @@ def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, o
     grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, block_n),)
     if grid[0] == 0:
         return out
-    two = a2 is not None
-    # one pair: the second pair's arguments repeat the first's (the kernel never reads them), built once
-    descs = (_descriptor(a1.data, block_m), _descriptor(b1.data, block_n))
-    descs += (_descriptor(a2.data, block_m), _descriptor(b2.data, block_n)) if two else descs
-    scales = (a1.scale, b1.scale) + ((a2.scale, b2.scale) if two else (a1.scale, b1.scale))
-    kb = kd // SCALE_BLOCK
     launch(
-        _fp8_rows_kernel, grid, *descs, *scales,
-        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, 2 * kb if two else kb,
+        _fp8_rows_kernel, grid, *pair_args(a1, b1, a2, b2, block_m, block_n),
+        plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, k_blocks(a1, a2),
         SORTED_OUT=sorted_out, BLOCK_M=block_m, SUB_TILES=sub_tiles, BLOCK_N=block_n, STAGES=stages,
         num_warps=num_warps)
     return out

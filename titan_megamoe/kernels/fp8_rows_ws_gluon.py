@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import multiprocessors, new_output
-from .fp8_rows_gluon import SCALE_BLOCK, _block_scale, _descriptor, _tma_load, plan_row_tile, store_rows
+from .fp8_rows_gluon import SCALE_BLOCK, _block_scale, _tma_load, k_blocks, pair_args, plan_row_tile, store_rows
 from .launch import launch
 
 HALF_M = gl.constexpr(64)  # rows per consumer warpgroup (one wgmma M of 64); a plan tile is two halves
@@ -165,14 +165,20 @@ def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int
     items = plan.layout.num_tiles * triton.cdiv(nd, block_n)
     if items == 0:
         return out
-    two = a2 is not None
-    # one pair: the second pair's arguments repeat the first's (the kernel never reads them), built once
-    descs = (_descriptor(a1.data, HALF_M.value), _descriptor(b1.data, block_n))
-    descs += (_descriptor(a2.data, HALF_M.value), _descriptor(b2.data, block_n)) if two else descs
-    scales = (a1.scale, b1.scale) + ((a2.scale, b2.scale) if two else (a1.scale, b1.scale))
-    kb = kd // SCALE_BLOCK
-    launch(_fp8_rows_ws_kernel, (min(items, multiprocessors(a1.data.device)),), *descs, *scales, plan.order_N,
-           plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, 2 * kb if two else kb, items,
-           SORTED_OUT=sorted_out, BLOCK_N=block_n, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-           PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+    launch_ws(_fp8_rows_ws_kernel, items, a1.data.device, stages, *pair_args(a1, b1, a2, b2, HALF_M.value, block_n),
+              plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, k_blocks(a1, a2),
+              items, SORTED_OUT=sorted_out, BLOCK_N=block_n)
     return out
+
+
+def ws_options(stages: int) -> dict:
+    """The constexprs and launch options every persistent warp-specialised kernel here takes: the ring's
+    stages, the partitions' registers, 4 warps in the default partition, the register cap at launch."""
+    return dict(STAGES=stages, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+                maxnreg=MAXNREG)
+
+
+def launch_ws(kernel, items: int, device: torch.device, stages: int, *args, **constexprs) -> None:
+    """Launch a persistent warp-specialised kernel over `items` work items: one program per multiprocessor
+    (fewer where there are fewer items), each walking the items with a stride of the grid."""
+    launch(kernel, (min(items, multiprocessors(device)),), *args, **constexprs, **ws_options(stages))

@@ -25,10 +25,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import multiprocessors
 from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load
-from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, MAXNREG, PRODUCER_REGS, ring, ring_done
-from .launch import launch
+from .fp8_rows_ws_gluon import HALF_M, launch_ws, ring, ring_done
 
 
 @gluon.jit
@@ -163,8 +161,7 @@ def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: R
     items = E * tiles_m * tiles_n * which
     a_desc = _descriptor(a.data, HALF_M.value)
     a2_desc = _descriptor(a2.data, HALF_M.value) if a2 is not None else a_desc
-    launch(_fp8_wgrad_ws_kernel, (min(items, multiprocessors(a.data.device)),), a_desc, a2_desc,
-           _descriptor(b.data, 128), a.scale, (a2 if a2 is not None else a).scale, b.scale, plan.experts_by_load,
-           plan.offsets_E1, outs[0], outs[-1], items, tiles_m, tiles_n, which, E, M, N, a.scale.stride(0),
-           b.scale.stride(0), BLOCK_E=triton.next_power_of_2(E), STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-           PRODUCER_REGS=PRODUCER_REGS, num_warps=4, maxnreg=MAXNREG)
+    launch_ws(_fp8_wgrad_ws_kernel, items, a.data.device, stages, a_desc, a2_desc, _descriptor(b.data, 128), a.scale,
+              (a2 if a2 is not None else a).scale, b.scale, plan.experts_by_load, plan.offsets_E1, outs[0], outs[-1],
+              items, tiles_m, tiles_n, which, E, M, N, a.scale.stride(0), b.scale.stride(0),
+              BLOCK_E=triton.next_power_of_2(E))
