@@ -61,13 +61,15 @@ def pinned(shape: str, kernel: str, call):
 # consumer warpgroups of 64 rows; block_m and warps are then the kernel's own, 128 and 4 + 4)
 VARIANTS = [
     (64, 128, 4, 3, False), (64, 128, 4, 4, False), (128, 128, 8, 3, False), (128, 128, 8, 4, False),
-    (128, 128, 8, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 5, True)]
-# block_m, warps, stages (64-column halves), warp-specialised (`fp8_gemm1_ws_gluon`, persistent)
-GEMM1_VARIANTS = [(64, 4, 3, False), (64, 4, 4, False), (128, 8, 3, False), (128, 8, 3, True), (128, 8, 4, True),
-                  (128, 8, 5, True)]
+    (128, 128, 8, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 5, True),
+    (128, 256, 8, 3, True), (128, 256, 8, 4, True)]  # 256 columns: two 128-column sub-tiles per consumer
+# block_m, block_n (64: 64-column halves; 128: one pass, warp-specialised only), warps, stages,
+# warp-specialised (`fp8_gemm1_ws_gluon`, persistent)
+GEMM1_VARIANTS = [(64, 64, 4, 3, False), (64, 64, 4, 4, False), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
+                  (128, 64, 8, 4, True), (128, 64, 8, 5, True), (128, 128, 8, 3, True), (128, 128, 8, 4, True)]
 
 
-def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_out, save):
+def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_out, save, variants=None):
     """GEMM1 (gate, up, SwiGLU, h in e4m3): `fp8_gemm1_gluon` against `gemm1_swiglu`'s Triton kernel on the
     same sorted e4m3 rows of x, outputs poisoned: g and u compared with the Triton kernel's (within bf16
     rounding) and g with a float64 product on three experts' rows; h dequantized against the Triton h."""
@@ -110,12 +112,12 @@ def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_o
     print(f"{shape} gemm1: triton {t_us:.1f} us ({row['triton_tflops']:.0f} TFLOP/s), "
           f"err {row['triton_rel_err_vs_fp64']:.2e}", flush=True)
     h_ref = dequantize(ref[2]).float()
-    for bm, warps, stages, ws in GEMM1_VARIANTS:
-        rec = {"block_m": bm, "block_n": 64, "warps": warps, "stages": stages, "warp_specialize": ws}
+    for bm, bn, warps, stages, ws in (GEMM1_VARIANTS if variants is None else [GEMM1_VARIANTS[i] for i in variants]):
+        rec = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "warp_specialize": ws}
         try:
             def call():
                 if ws:
-                    return fp8_gemm1_ws(xq, w1q, w3q, plan, stages=stages)
+                    return fp8_gemm1_ws(xq, w1q, w3q, plan, stages=stages, block_n=bn)
                 return fp8_gemm1(xq, w1q, w3q, plan, block_m=bm, num_warps=warps, stages=stages)
 
             os.environ["TITAN_MEGAMOE_POISON"] = "1"
@@ -141,13 +143,13 @@ def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_o
                 rec.update(us=us, tflops=flop / (us * 1e-6) / 1e12, speedup_vs_triton=t_us / us)
             timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)" if ok
                       else "WRONG, not timed")
-            print(f"  gluon gemm1 {bm} rows w{warps} s{stages}{' ws' * ws}: {timing}; "
+            print(f"  gluon gemm1 {bm}x{bn} w{warps} s{stages}{' ws' * ws}: {timing}; "
                   f"g bitwise {rec['bitwise_equal_fraction']:.4f}, "
                   f"h bitwise {rec['h_bitwise_equal_fraction']:.4f}, max rel diff {rec['max_rel_diff_vs_triton']:.2e}, "
                   f"h rel {rec['h_rel_l2_vs_triton']:.1e}, err {rec['rel_err_vs_fp64']:.2e}", flush=True)
         except Exception as e:  # a variant that fails to compile or launch is reported, the rest still run
             rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            print(f"  gluon gemm1 {bm} rows w{warps} s{stages}{' ws' * ws}: {rec['error']}", flush=True)
+            print(f"  gluon gemm1 {bm}x{bn} w{warps} s{stages}{' ws' * ws}: {rec['error']}", flush=True)
         row["gluon"].append(rec)
     rows_out.append(row)
     save()
@@ -161,6 +163,8 @@ def main():
                     choices=["dgrad_q", "gemm2", "dx", "gemm1"])
     ap.add_argument("--variants", nargs="+", type=int, default=None,
                     help="indices into VARIANTS to run (default: all)")
+    ap.add_argument("--gemm1-variants", nargs="+", type=int, default=None,
+                    help="indices into GEMM1_VARIANTS to run (default: all)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_fp8_gluon.py needs a CUDA GPU")
@@ -210,7 +214,7 @@ def main():
         }
         for name in a.kernels:
             if name == "gemm1":
-                bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_out, save)
+                bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_out, save, a.gemm1_variants)
                 continue
             triton_call, gkw, pairs, nd, sorted_out = cases[name]
             triton_call = pinned(shape, {"dgrad_q": "dgrad_swiglu"}.get(name, name), triton_call)

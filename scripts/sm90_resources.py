@@ -176,17 +176,17 @@ def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False)
     return _compile_ws(ws._fp8_rows_ws_kernel, sig, stages, SORTED_OUT=sorted_out, BLOCK_N=block_n)
 
 
-def gluon_gemm1_ws(stages: int = 4):
+def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
     """The persistent warp-specialised Gluon block-FP8 GEMM1 (`fp8_gemm1_ws_gluon`), as it launches."""
     from titan_megamoe.kernels import fp8_gemm1_ws_gluon as g1
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
 
-    descs = _gluon_fp8_descs(ws.HALF_M.value, 64)
+    descs = _gluon_fp8_descs(ws.HALF_M.value, block_n)
     sig = {"x_desc": descs["a1_desc"], "w1_desc": descs["b1_desc"], "w3_desc": descs["b1_desc"],
            **_types("xs_ptr w1s_ptr w3s_ptr", "*fp32"), **_types("tile_expert_ptr tile_row_ptr offsets_ptr", "*i32"),
            **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv",
            "hs_ptr": "*fp32", **_types("N D H num_items", "i32")}
-    return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages)
+    return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages, BLOCK_N=block_n)
 
 
 def gluon_wgrad_ws(stages: int = 4, out: str = "bf16"):

@@ -22,7 +22,9 @@ from sm90_resources import gluon_rows, gluon_rows_ws
 jobs = {"gemm2 64x128 4 warps": gluon_rows(), "dgrad q 64x128 4 warps": gluon_rows(sorted_out=True),
         "gemm2 128x128 8 warps": gluon_rows(block_m=128, num_warps=8),
         "gemm2 persistent, warp-specialised": gluon_rows_ws(),
-        "dgrad q persistent, warp-specialised": gluon_rows_ws(sorted_out=True)}
+        "dgrad q persistent, warp-specialised": gluon_rows_ws(sorted_out=True),
+        "gemm2 persistent, warp-specialised, 256 columns": gluon_rows_ws(block_n=256, stages=4),
+        "dgrad q persistent, warp-specialised, 256 columns": gluon_rows_ws(block_n=256, stages=3, sorted_out=True)}
 print(json.dumps({k: {f: r[f] for f in ("qgmma", "usage", "wgmma_waits")} for k, r in jobs.items()}))
 """
 
@@ -39,8 +41,9 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
         stack = re.search(r"STACK:(\d+)", r["usage"])
         assert stack is not None and int(stack.group(1)) == 0, f"{name}: register spills: {r['usage']}"
         # the warp-specialised loop waits for each MMA (its two consumer warpgroups, one wait each in the
-        # PTX, cover each other)
-        want = ["0", "0"] if "warp-specialised" in name else ["1", "0"]
+        # PTX, cover each other); with 256 columns each consumer waits for two MMAs and, between them, once
+        # with nothing in flight (the first promotion ordered before the second MMA)
+        want = (["0"] * 6 if "256" in name else ["0", "0"]) if "warp-specialised" in name else ["1", "0"]
         assert r["wgmma_waits"] == want, f"{name}: wgmma waits {r['wgmma_waits']}, want {want}"
 
 
@@ -58,6 +61,10 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
     ("dx", TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True, warp_specialize=True), "block_m 128 and num_warps 8"),
     ("gemm1_swiglu", TileConfig(128, 64, 128, 8, 4, tma=True, warp_specialize=True), "to the gluon kernels only"),
     ("gemm1_swiglu", TileConfig(64, 64, 128, 4, 4, tma=True, gluon=True, warp_specialize=True), "block_m 128"),
+    ("wgrad_w2", TileConfig(128, 256, 128, 8, 4, tma=True, gluon=True, warp_specialize=True),
+     "block_n 128 for the weight gradients"),
+    ("gemm1_swiglu", TileConfig(128, 256, 128, 8, 3, tma=True, gluon=True, warp_specialize=True),
+     "or 128 with warp_specialize"),
 ])
 def test_gluon_config_rules(kernel, cfg, message):
     import re
@@ -65,6 +72,15 @@ def test_gluon_config_rules(kernel, cfg, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         with override_tile_config(kernel, cfg):
             pass
+
+
+@pytest.mark.parametrize("kernel,block_n", [("gemm2", 256), ("dgrad_swiglu", 256), ("dx", 256), ("gemm1_swiglu", 128)])
+def test_gluon_wide_ws_configs_accepted(kernel, block_n):
+    """The warp-specialised kernels' wide items: 256 columns for the row GEMMs, GEMM1's 128 in one pass."""
+    cfg = TileConfig(128, block_n, 128, 8, 3, tma=True, split=kernel == "dgrad_swiglu", gluon=True,
+                     warp_specialize=True)
+    with override_tile_config(kernel, cfg):
+        pass
 
 
 def test_gluon_config_rejected_for_bf16_table_entries(tmp_path):
@@ -114,12 +130,14 @@ GPU_CASES = [  # T, D, H, E, K, routing
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
 @pytest.mark.parametrize("shape", [(64, 128, 4, 4, False), (128, 128, 8, 3, False), (64, 64, 4, 3, False),
-                                   (128, 128, 8, 4, True), (128, 64, 8, 2, True)], ids=lambda s: "x".join(map(str, s)))
+                                   (128, 128, 8, 4, True), (128, 64, 8, 2, True), (128, 256, 8, 3, True),
+                                   (128, 256, 8, 2, True)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
 def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
     """GEMM2, dgrad's q and dx through the Gluon kernels (ws: the persistent warp-specialised one) equal the
     Triton kernel's outputs on the same quantized operands to within one bf16 rounding (both add the K blocks' scaled products in the same
-    order into fp32), every row written (outputs NaN-poisoned first)."""
+    order into fp32), every row written (outputs NaN-poisoned first). 256 columns: where N is no multiple of 256
+    (dgrad's q at H=384) the launch takes 128-column tiles."""
     from titan_megamoe.kernels import grouped_gemm as gg
     from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
     from titan_megamoe.kernels.routing_meta import build_routing_plan
@@ -193,6 +211,10 @@ def test_gluon_launcher_host_path(monkeypatch, two_pairs):
     assert seen["args"][-2] == (2 if two_pairs else 1) * H // 128
     # 12 warps at launch (two consumer warpgroups and the producer's): 65536 / (12 * 32) registers, down to 8
     assert seen["kw"]["maxnreg"] == 168 and seen["kw"]["num_warps"] == 4
+    # 256-column items: the weight tile 256 rows, half as many items
+    ws.fp8_row_gemm_ws(a, wt, plan, D, torch.bfloat16, block_n=256, stages=3, **pair2)
+    assert [list(d.block_shape) for d in seen["args"][:4]] == [[64, 128], [256, 128]] * 2
+    assert seen["args"][-1] == plan.layout.num_tiles * (D // 256) and seen["kw"]["BLOCK_N"] == 256
 
 
 # ------------------------------------------------------------------------------------------------ GEMM1
@@ -202,7 +224,8 @@ import json, sys
 sys.path.insert(0, "scripts")
 from sm90_resources import gluon_gemm1, gluon_gemm1_ws
 jobs = {"64 rows 4 warps": gluon_gemm1(), "128 rows 8 warps": gluon_gemm1(128, 8, 3),
-        "persistent, warp-specialised": gluon_gemm1_ws()}
+        "persistent, warp-specialised": gluon_gemm1_ws(),
+        "persistent, warp-specialised, one pass": gluon_gemm1_ws(stages=3, block_n=128)}
 print(json.dumps({k: {f: r[f] for f in ("qgmma", "usage", "wgmma_waits")} for k, r in jobs.items()}))
 """
 
@@ -211,12 +234,13 @@ def test_gluon_gemm1_compiles_with_two_wgmma_groups_in_flight():
     """Compiled for sm_90 on the CPU: FP8 wgmma, and in each half's K loop a wait that leaves K block k's
     two MMAs (gate, up) in flight while block k-1's products are scaled; each half's last block waited for
     fully. The warp-specialised kernel (one MMA for gate and up) waits for each, in each consumer's two
-    halves; no spill in it."""
+    halves; in one pass (128 columns) for the gate's MMA, once with nothing in flight (its promotion ordered
+    before the up MMA) and for the up's. No spill in them."""
     import re
 
     for name, r in sm90_compile_results(_SM90_GLUON_GEMM1, timeout=300).items():
         assert r["qgmma"] > 0, f"{name}: no QGMMA in the SASS"
-        want = ["0"] * 4 if "warp-specialised" in name else ["2", "0", "2", "0"]
+        want = (["0"] * 6 if "one pass" in name else ["0"] * 4) if "warp-specialised" in name else ["2", "0", "2", "0"]
         assert r["wgmma_waits"] == want, f"{name}: wgmma waits {r['wgmma_waits']}"
         if "warp-specialised" in name:
             assert int(re.search(r"STACK:(\d+)", r["usage"]).group(1)) == 0, f"{name}: spills: {r['usage']}"
@@ -274,11 +298,16 @@ def test_gluon_gemm1_launcher_host_path(monkeypatch):
     assert seen["kernel"] is ws._fp8_gemm1_ws_kernel and seen["grid"] == (min(items, 5),)
     assert [list(d.block_shape) for d in seen["args"][:3]] == [[64, 128], [64, 128], [64, 128]]
     assert seen["args"][-4:] == (T * K, D, H, items) and seen["kw"]["maxnreg"] == 168
+    assert seen["kw"]["BLOCK_N"] == 64
+    ws.fp8_gemm1_ws(x, w1, w1, plan, stages=3, block_n=128)  # one pass: W1's and W3's tiles of 128 rows
+    assert [list(d.block_shape) for d in seen["args"][:3]] == [[64, 128], [128, 128], [128, 128]]
+    assert seen["args"][-1] == items and seen["kw"]["BLOCK_N"] == 128
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
-@pytest.mark.parametrize("shape", [(64, 4, 4, False), (128, 8, 3, False), (128, 8, 4, True), (128, 8, 2, True)],
+@pytest.mark.parametrize("shape", [(64, 64, 4, 4, False), (128, 64, 8, 3, False), (128, 64, 8, 4, True),
+                                   (128, 64, 8, 2, True), (128, 128, 8, 3, True), (128, 128, 8, 2, True)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
 def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
@@ -291,7 +320,7 @@ def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routi
     from titan_megamoe.quant import dequantize
 
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
-    block_m, warps, stages, ws = shape
+    block_m, block_n, warps, stages, ws = shape
     torch.manual_seed(T)
     plan = build_routing_plan(make_ids(T, E, K, routing, torch.Generator().manual_seed(T)).cuda(), E, 128)
     x = quantize_sorted_rows(torch.randn(T, D, device="cuda", dtype=torch.bfloat16), plan)
@@ -302,7 +331,7 @@ def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routi
         return gemm1_swiglu(x, w1, w3, plan, torch.bfloat16, "fp8", sorted_rows=True)
 
     want = call()
-    cfg = TileConfig(block_m, 64, 128, warps, stages, tma=True, gluon=True, warp_specialize=ws)
+    cfg = TileConfig(block_m, block_n, 128, warps, stages, tma=True, gluon=True, warp_specialize=ws)
     with override_tile_config("gemm1_swiglu", cfg):
         got = call()
     for name, a, b in (("g", got[0], want[0]), ("u", got[1], want[1])):

@@ -237,9 +237,14 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
         wrong = [why for bad, why in (
             (not cfg.tma, "tma=True (both operands come through TMA)"),
             (cfg.block_k != 128, "block_k 128 (one scale block)"),
-            (128 % cfg.block_n != 0, "block_n dividing 128 (a weight tile inside one scale block)"),
-            (kernel == "gemm1_swiglu" and cfg.block_n != 64, "block_n 64 for gemm1 (h's 128-column scale block in two "
-                                                             "64-column halves)"),
+            # the warp-specialised row kernels also take 256 columns as two 128-column sub-tiles
+            (128 % cfg.block_n != 0 and not (cfg.warp_specialize and kernel in ("gemm2", "dgrad_swiglu", "dx")
+                                             and cfg.block_n == 256),
+             "block_n dividing 128 (a weight tile inside one scale block), or 256 for gemm2, dgrad and dx with "
+             "warp_specialize"),
+            (kernel == "gemm1_swiglu" and cfg.block_n != 64 and not (cfg.warp_specialize and cfg.block_n == 128),
+             "block_n 64 for gemm1 (h's 128-column scale block in two 64-column halves), or 128 with "
+             "warp_specialize (one pass)"),
             (cfg.block_m % (16 * cfg.num_warps) != 0, "block_m a multiple of 16 * num_warps (16 rows per warp)"),
             # the persistent warp-specialised kernel (`fp8_rows_ws_gluon`): two consumer warpgroups of 64 rows
             (cfg.warp_specialize and (cfg.block_m != 128 or cfg.num_warps != 8),

@@ -34,25 +34,25 @@ from .fp8_rows_ws_gluon import HALF_M, launch_ws, ring, ring_done
 
 @gluon.jit
 def _producer(x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-              num_items, num_n, H, kb, STAGES: gl.constexpr):
-    """TMA of both halves' K blocks of this program's items: x's two 64-row halves, W1's and W3's 64 rows
-    of the half stacked in one weight tile."""
+              num_items, num_n, H, kb, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """TMA of this program's items' K blocks: x's two 64-row halves, and W1's and W3's rows stacked in one
+    weight tile (BLOCK_N 64: each half's 64 rows, the halves one after the other; BLOCK_N 128: all 128)."""
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
                                                      2 * HALF_M, 1)
         if (expert >= 0) & (row0 < row_end):
-            for j in range(2 * kb):
+            for j in range(kb * (128 // BLOCK_N)):
                 k = j % kb
-                w_row = expert * H + pid_n * 128 + (j // kb) * 64
+                w_row = expert * H + pid_n * 128 + (j // kb) * BLOCK_N
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
                 bar = ready.index(s)
                 mbarrier.expect(bar, 2 * x_desc.block_type.nbytes + 2 * w1_desc.block_type.nbytes)
                 _tma_load(x_desc, [row0, k * 128], bar, a_smem.index(2 * s))
                 _tma_load(x_desc, [row0 + HALF_M, k * 128], bar, a_smem.index(2 * s + 1))
-                _tma_load(w1_desc, [w_row, k * 128], bar, b_smem.index(s).slice(0, 64))
-                _tma_load(w3_desc, [w_row, k * 128], bar, b_smem.index(s).slice(64, 64))
+                _tma_load(w1_desc, [w_row, k * 128], bar, b_smem.index(s).slice(0, BLOCK_N))
+                _tma_load(w3_desc, [w_row, k * 128], bar, b_smem.index(s).slice(BLOCK_N, BLOCK_N))
                 it += 1
 
 
@@ -118,31 +118,114 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
 
 
 @gluon.jit
+def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
+                   offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF: gl.constexpr,
+                   STAGES: gl.constexpr):
+    """`_consumer`'s rows and outputs with all 128 columns of an item in one pass (BLOCK_N 128): a stage holds
+    W1's 128 rows above W3's, and per K block one MMA into g's accumulator, its promotion, then one into u's
+    (one product in registers at a time beside the two accumulators). x's tile is read once per K block
+    instead of twice: 171 FLOP per operand byte against 128."""
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 128, 32])
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])  # 16-byte bf16 stores
+    h_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])  # 16-byte e4m3 stores
+    # each MMA takes the last product as its (unread: use_acc=False) accumulator, so no tile of zeros
+    # stays live beside the two accumulators (`fp8_rows_ws_gluon._consumer`)
+    prod = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+    it = 0
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                     2 * HALF_M, 1)
+        if (expert >= 0) & (row0 < row_end):
+            n0 = pid_n * 128
+            my_row0 = row0 + HALF * HALF_M
+            rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
+            rows_in = rows < N
+            ws_off = (expert.to(gl.int64) * (H // 128) + pid_n) * kb  # the 128x128 weight blocks of these columns
+            acc_g = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+            acc_u = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+            for k in range(kb):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                b_tile = b_smem.index(s)
+                prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_tile.slice(0, 128).permute((1, 0)), prod,
+                                     use_acc=False, is_async=True)
+                sa = gl.load(xs_ptr + rows.to(gl.int64) * kb + k, mask=rows_in, other=0.0)
+                sg = gl.load(w1s_ptr + ws_off + k)
+                prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                # (sa * sb) first, as the Triton kernel scales: the same fp32 sums, bit for bit
+                acc_g += prod * (sa * sg)[:, None]
+                # the promotion before the next MMA's issue (`fp8_rows_ws_gluon._consumer`: otherwise two
+                # products are kept and spill)
+                acc_g = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, ))
+                prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_tile.slice(128, 128).permute((1, 0)), prod,
+                                     use_acc=False, is_async=True)
+                su = gl.load(w3s_ptr + ws_off + k)
+                prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
+                acc_u += prod * (sa * su)[:, None]
+                it += 1
+            # the epilogue: h from the accumulators in their own layout (elementwise), then g, u and h's e4m3
+            # moved into 16-byte store layouts one at a time, in bf16 / e4m3 (the registers of two fp32 tiles
+            # moved at once spilled)
+            h = cast_rne(swiglu(acc_g, acc_u), gl.bfloat16, False)  # the value the emulation quantizes
+            srows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+            srow_ok = srows < row_end  # rows past the expert's end were computed and are dropped here
+            row_off = srows.to(gl.int64)[:, None] * H
+            cols = n0 + gl.arange(0, 128, layout=gl.SliceLayout(0, store_layout))
+            gl.store(g_ptr + row_off + cols[None, :], gl.convert_layout(acc_g.to(gl.bfloat16), store_layout),
+                     mask=srow_ok[:, None])
+            gl.store(u_ptr + row_off + cols[None, :], gl.convert_layout(acc_u.to(gl.bfloat16), store_layout),
+                     mask=srow_ok[:, None])
+            # h in e4m3, one scale per row over the item's 128 columns
+            h = h.to(gl.float32)
+            h_scale, h_inv = e4m3_scale(gl.max(gl.abs(h), axis=1))
+            hq = gl.convert_layout(to_e4m3(h, h_inv[:, None], False), h_layout)
+            hrows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, h_layout))
+            hcols = n0 + gl.arange(0, 128, layout=gl.SliceLayout(0, h_layout))
+            gl.store(h_ptr + hrows.to(gl.int64)[:, None] * H + hcols[None, :], hq, mask=(hrows < row_end)[:, None])
+            gl.store(hs_ptr + rows.to(gl.int64) * (H // 128) + pid_n, h_scale, mask=rows < row_end)
+
+
+@gluon.jit
 def _fp8_gemm1_ws_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
-                         offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, N, D, H, num_items, STAGES: gl.constexpr,
-                         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    a_smem, b_smem, ready, empty = ring(x_desc, w1_desc, 128, STAGES)  # a weight tile: W1's 64 rows, W3's 64
+                         offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, N, D, H, num_items, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    # a weight tile: W1's BLOCK_N rows above W3's
+    a_smem, b_smem, ready, empty = ring(x_desc, w1_desc, 2 * BLOCK_N, STAGES)
     kb = D // 128
     num_n = H // 128
-    gl.warp_specialize([
-        (_consumer, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                     g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 0, STAGES)),
-        (_consumer, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                     g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 1, STAGES)),
-        (_producer, (x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                     num_items, num_n, H, kb, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if BLOCK_N == 64:
+        gl.warp_specialize([
+            (_consumer, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
+                         offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 0, STAGES)),
+            (_consumer, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
+                         offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 1, STAGES)),
+            (_producer, (x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
+                         offsets_ptr, num_items, num_n, H, kb, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer_full, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
+                              offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 0, STAGES)),
+            (_consumer_full, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
+                              offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 1, STAGES)),
+            (_producer, (x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
+                         offsets_ptr, num_items, num_n, H, kb, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     ring_done(ready, empty, STAGES)
 
 
 def fp8_gemm1_ws(x: BlockScaled, w1: BlockScaled, w3: BlockScaled, plan: RoutingPlan, out_dtype=torch.bfloat16,
-                 stages: int = 4):
+                 stages: int = 4, block_n: int = 64):
     """(g, u, h) as `gemm1_swiglu` returns them for block FP8 with sorted rows (`fp8_gemm1_gluon.fp8_gemm1`'s
     contract), from the persistent warp-specialised kernel."""
     N, D = x.data.shape
     E, H, _ = w1.data.shape
     assert D % SCALE_BLOCK == 0 and H % SCALE_BLOCK == 0 and plan.layout.block_m == 2 * HALF_M.value, (D, H)
     assert out_dtype == torch.bfloat16, "the kernel stores g and u in bf16"
+    assert block_n in (64, 128), block_n
     dev = x.data.device
     g, u = (new_output((N, H), out_dtype, dev) for _ in range(2))
     h = BlockScaled(new_output((N, H), torch.float8_e4m3fn, dev), new_output((N, H // 128), torch.float32, dev),
@@ -150,8 +233,8 @@ def fp8_gemm1_ws(x: BlockScaled, w1: BlockScaled, w3: BlockScaled, plan: Routing
     items = plan.layout.num_tiles * (H // 128)
     if items == 0:
         return g, u, h
-    launch_ws(_fp8_gemm1_ws_kernel, items, dev, stages, _descriptor(x.data, HALF_M.value), _descriptor(w1.data, 64),
-              _descriptor(w3.data, 64), x.scale, w1.scale, w3.scale, plan.tile_expert, plan.tile_row, plan.offsets_E1,
-              g, u, h.data, h.scale, N, D, H, items)
+    launch_ws(_fp8_gemm1_ws_kernel, items, dev, stages, _descriptor(x.data, HALF_M.value), _descriptor(w1.data, block_n),
+              _descriptor(w3.data, block_n), x.scale, w1.scale, w3.scale, plan.tile_expert, plan.tile_row,
+              plan.offsets_E1, g, u, h.data, h.scale, N, D, H, items, BLOCK_N=block_n)
     return g, u, h
 

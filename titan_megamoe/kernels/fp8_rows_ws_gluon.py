@@ -100,11 +100,19 @@ def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, 
 def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
               tile_row_ptr, offsets_ptr, out_ptr, num_items, num_n, N, ND, kb, total, HALF: gl.constexpr,
               SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Rows HALF * 64 .. HALF * 64 + 63 of every item: the K blocks' promoted products, then the store."""
+    """Rows HALF * 64 .. HALF * 64 + 63 of every item: the K blocks' promoted products, then the store.
+    A 256-column item is two 128-column sub-tiles, one accumulator each: per K block the first sub-tile's
+    MMA, its promotion, then the second's (one product in registers at a time: two accumulators and one
+    product fit a consumer's registers, two of each would not)."""
+    SUB_N: gl.constexpr = BLOCK_N if BLOCK_N < 128 else 128
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, 32])
+                                                         instr_shape=[16, SUB_N, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
-    zero = gl.zeros((HALF_M, BLOCK_N), gl.float32, layout=mma_layout)
+    zero = gl.zeros((HALF_M, SUB_N), gl.float32, layout=mma_layout)
+    if BLOCK_N > 128:
+        # the MMAs of two sub-tiles take the last product as their (unread: use_acc=False) accumulator: with
+        # `zero` there instead, the sm_90 compile kept a tile of zeros beside two accumulators and spilled
+        prod = zero
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
@@ -115,19 +123,39 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
             my_row0 = row0 + HALF * HALF_M
             rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
             rows_in = rows < N
-            acc = gl.zeros((HALF_M, BLOCK_N), gl.float32, layout=mma_layout)
+            acc = gl.zeros((HALF_M, SUB_N), gl.float32, layout=mma_layout)
+            acc2 = gl.zeros((HALF_M, SUB_N), gl.float32, layout=mma_layout)  # BLOCK_N 256 only
             for j in range(total):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero,
-                                     use_acc=False, is_async=True)
+                b_tile = b_smem.index(s)
+                if BLOCK_N > 128:
+                    prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_tile.slice(0, 128).permute((1, 0)), prod,
+                                         use_acc=False, is_async=True)
+                else:
+                    prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_tile.permute((1, 0)), zero,
+                                         use_acc=False, is_async=True)
                 scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
                 prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-                # this warpgroup's MMA has read the stage: one of the two arrivals that free it
-                mbarrier.arrive(empty.index(s), count=1)
+                if BLOCK_N <= 128:
+                    # this warpgroup's MMA has read the stage: one of the two arrivals that free it
+                    mbarrier.arrive(empty.index(s), count=1)
                 acc += prod * scale[:, None]
+                if BLOCK_N > 128:
+                    # the promotion above before the next MMA: a wait with nothing in flight that takes acc,
+                    # which the compiler cannot move the MMA's issue above (left free, it issued the second
+                    # MMA first and kept two products in registers: 300 bytes of spills)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                    prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_tile.slice(128, 128).permute((1, 0)),
+                                         prod, use_acc=False, is_async=True)
+                    scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off + kb)
+                    prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    acc2 += prod * scale[:, None]
                 it += 1
-            store_rows(out_ptr, acc, my_row0, row_end, n0, order_ptr, ND, HALF_M, BLOCK_N, SORTED_OUT, 4)
+            store_rows(out_ptr, acc, my_row0, row_end, n0, order_ptr, ND, HALF_M, SUB_N, SORTED_OUT, 4)
+            if BLOCK_N > 128:
+                store_rows(out_ptr, acc2, my_row0, row_end, n0 + 128, order_ptr, ND, HALF_M, SUB_N, SORTED_OUT, 4)
 
 
 @gluon.jit
@@ -159,7 +187,8 @@ def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int
     N, kd = a1.data.shape
     E = b1.data.shape[0]
     assert b1.data.shape == (E, nd, kd) and kd % SCALE_BLOCK == 0 and nd % SCALE_BLOCK == 0, (b1.data.shape, nd, kd)
-    assert SCALE_BLOCK % block_n == 0 and plan.layout.block_m == 2 * HALF_M.value, (block_n, plan.layout.block_m)
+    assert (SCALE_BLOCK % block_n == 0 or (block_n == 2 * SCALE_BLOCK and nd % block_n == 0)) \
+        and plan.layout.block_m == 2 * HALF_M.value, (block_n, nd, plan.layout.block_m)
     if out is None:
         out = new_output((N, nd), out_dtype, a1.data.device)
     items = plan.layout.num_tiles * triton.cdiv(nd, block_n)

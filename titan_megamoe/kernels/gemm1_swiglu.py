@@ -22,6 +22,8 @@ emulation quantizes too), then one power-of-two scale per row of the program's 1
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import triton
 import triton.language as tl
 
@@ -131,16 +133,22 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
     h = new_output((N, H), torch.float8_e4m3fn if fp8 else out_dtype, x.device)
     h_scale = new_output((N, H // 128), torch.float32, x.device) if fp8 else None
     h_out = BlockScaled(h, h_scale, (1, 128)) if fp8 else h
+    ws_gluon = fp8 and cfg.gluon and cfg.warp_specialize and sorted_rows and arrivals is None and tma_ok(x, w1, w3)
+    if fp8 and cfg.block_n == 128 and not ws_gluon:
+        # an item's 128 columns in one pass exist in the warp-specialised Gluon kernel only; elsewhere the
+        # same sums in two 64-column halves: bitwise the same g, u and h
+        cfg = replace(cfg, block_n=64)
     if fp8:
-        assert 2 * cfg.block_n == cfg.block_k == 128, "block FP8 GEMM1: 2 x 64 columns (one scale block of h), K 128"
+        assert 2 * cfg.block_n == cfg.block_k == 128 or (ws_gluon and cfg.block_n == cfg.block_k == 128), \
+            "block FP8 GEMM1: 2 x 64 columns (one scale block of h), K 128"
     if cfg.gluon:
         if not fp8 or INTERPRET:
             raise ValueError("tile config gemm1_swiglu: gluon runs block FP8 on a GPU only (Triton's interpreter "
                              f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
-        if sorted_rows and arrivals is None and tma_ok(x, w1, w3) and cfg.warp_specialize:
+        if ws_gluon:
             from .fp8_gemm1_ws_gluon import fp8_gemm1_ws  # imported only here: Gluon is experimental
 
-            return fp8_gemm1_ws(x_RD, w1_EHD, w3_EHD, plan, out_dtype, stages=cfg.num_stages)
+            return fp8_gemm1_ws(x_RD, w1_EHD, w3_EHD, plan, out_dtype, stages=cfg.num_stages, block_n=cfg.block_n)
         if sorted_rows and arrivals is None and tma_ok(x, w1, w3):
             from .fp8_gemm1_gluon import fp8_gemm1  # imported only here: Gluon is experimental
 

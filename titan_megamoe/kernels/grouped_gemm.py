@@ -24,7 +24,7 @@ Hopper's FP8 MMA takes K-major operands only) with 128x128 block scales [E, ND/1
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -176,6 +176,13 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     assert peers is None or peers.base.dtype == out_dtype
     out = new_output((N, nd), out_dtype, a1.device) if peers is None else peers.base
     cfg = tile_config(kernel_name, dim, hidden, precision)
+    operands = (a1, b1, a2, b2) if two_pairs else (a1, b1)
+    use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(*operands)
+    ws_gluon = fp8 and cfg.gluon and cfg.warp_specialize and use_tma and peers is None and arrivals is None
+    if fp8 and cfg.block_n > 128 and not (ws_gluon and nd % cfg.block_n == 0):
+        # 256 columns (two 128-column sub-tiles) exist in the warp-specialised Gluon kernel only; elsewhere
+        # the same sums over 128-column tiles: bitwise the same output
+        cfg = replace(cfg, block_n=128)
     sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
     grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, cfg.block_n),)
     if grid[0] == 0:
@@ -184,10 +191,8 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     if persistent:
         grid = (min(grid[0], cfg.persistent * multiprocessors(a1.device)),)
     if fp8:
-        assert b_trans and cfg.block_k == 128 and 128 % cfg.block_n == 0, \
+        assert b_trans and cfg.block_k == 128 and (128 % cfg.block_n == 0 or ws_gluon), \
             "block FP8 takes K-major weights, 128-wide K blocks and weight tiles inside one 128-column block"
-    operands = (a1, b1, a2, b2) if two_pairs else (a1, b1)
-    use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(*operands)
     # TileConfig.pairs_in_one_loop (dx): both operand pairs through TMA in one K loop; where TMA cannot cover
     # the operands, two pointer-load passes (another summation order: not bitwise the same)
     one_loop = cfg.pairs_in_one_loop and two_pairs and use_tma
@@ -195,7 +200,7 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         if not fp8 or INTERPRET:
             raise ValueError(f"tile config {kernel_name}: gluon runs block FP8 on a GPU only (Triton's interpreter "
                              f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
-        if use_tma and peers is None and arrivals is None and cfg.warp_specialize:
+        if ws_gluon:
             return fp8_row_gemm_ws(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
                                    block_n=cfg.block_n, stages=cfg.num_stages, out=out)
         if use_tma and peers is None and arrivals is None:

@@ -111,17 +111,20 @@ _FP8_ONE_LOOP = [C(64, 128, F, 4, 3, **ONE), C(64, 128, F, 4, 2, persistent=2, *
 # the persistent warp-specialised Gluon kernels (`fp8_rows_ws_gluon`, `fp8_gemm1_ws_gluon`): a producer warp and
 # two consumer warpgroups of 64 rows sharing each weight tile, one program per multiprocessor
 _FP8_GLUON_WS = [C(M, 128, F, 8, s, tma=True, gluon=True, warp_specialize=True) for s in (4, 5)]
+# the row kernels' 256-column items (two 128-column sub-tiles per consumer: A's tile read once for both,
+# 171 FLOP per operand byte against 128), 48 KB a stage; GEMM1's 128-column one pass likewise
+_FP8_GLUON_WS_WIDE = [C(M, 256, F, 8, s, tma=True, gluon=True, warp_specialize=True) for s in (3, 4)]
 CANDIDATES_FP8 = {
     "gemm1_swiglu": [C(64, 64, F, 4, 3, **T_), C(64, 64, F, 4, 4, **T_), C(64, 64, F, 4, 5, **T_),
                      C(M, 64, F, 8, 3, **T_), C(M, 64, F, 8, 4, **T_)]
-    + [replace(c, block_n=64) for c in _FP8_GLUON_WS],
+    + [replace(c, block_n=64) for c in _FP8_GLUON_WS] + [replace(c, block_n=128) for c in _FP8_GLUON_WS_WIDE],
     # warp specialisation of the 64-row, 4-warp loops stops Triton 3.6 with an internal assertion
     # (TaskIdPropagation.cpp, docs/results/tune_logs/2026-12-04_fp8_tune_2048x768_a.log): 128 rows only
     # (of the Gluon kernels, `TileConfig.gluon`, only the persistent warp-specialised ones are candidates:
     # the one-item kernels were bitwise right and slower on an H100, docs/kernels.md "More Gluon")
-    "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_GLUON_WS,
-    "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT + _FP8_GLUON_WS],
-    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_ONE_LOOP + _FP8_GLUON_WS,
+    "gemm2": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_GLUON_WS + _FP8_GLUON_WS_WIDE,
+    "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT + _FP8_GLUON_WS + _FP8_GLUON_WS_WIDE],
+    "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_ONE_LOOP + _FP8_GLUON_WS + _FP8_GLUON_WS_WIDE,
     "wgrad_w2": _FP8_WGRAD + _FP8_GLUON_WS,
     "wgrad_w13": _FP8_WGRAD + _FP8_GLUON_WS,
 }
