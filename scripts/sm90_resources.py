@@ -196,10 +196,10 @@ def gluon_wgrad_ws(stages: int = 4, out: str = "bf16"):
 
     descs = _gluon_fp8_descs(ws.HALF_M.value, 128)
     sig = {"a_desc": descs["a1_desc"], "a2_desc": descs["a1_desc"], "b_desc": descs["b1_desc"],
-           **_types("a_scale_ptr a2_scale_ptr b_scale_ptr", "*fp32"), **_types("expert_slot_ptr offsets_ptr", "*i32"),
-           **_types("c_ptr c2_ptr", f"*{out}"),
-           **_types("num_items tiles_m tiles_n which_count E M N stride_sa stride_sb", "i32")}
-    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, BLOCK_E=128)
+           **_types("a_scale_ptr a2_scale_ptr b_scale_ptr", "*fp32"),
+           **_types("expert_slot_ptr first_tile_ptr offsets_ptr", "*i32"), **_types("c_ptr c2_ptr", f"*{out}"),
+           **_types("num_items tiles_m tiles_n which_count M N stride_sa stride_sb", "i32")}
+    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages)
 
 
 def _compile_ws(fn, sig: dict, stages: int, **constexprs) -> dict:

@@ -168,3 +168,20 @@ def test_experts_by_load_is_heaviest_first_and_computed_once():
     plan = build_routing_plan(ids, 4, 16)
     assert plan.experts_by_load.tolist() == [2, 0, 1, 3] and plan.experts_by_load.dtype == torch.int32
     assert plan.experts_by_load is plan.experts_by_load
+
+
+def test_expert_first_tile_counts_the_tiles_before_each_expert():
+    """Each expert's first M-tile: the tiles (block_m rows of one expert) of the experts before it, an empty
+    expert starting where the next one does; computed once per plan."""
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    counts = [3, 0, 20, 16, 1]  # tiles of 16 rows: 1, 0, 2, 1, 1
+    ids = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)])[torch.randperm(sum(counts))].view(-1, 1)
+    plan = build_routing_plan(ids.to(DEVICE), len(counts), 16)
+    assert plan.expert_first_tile.tolist() == [0, 1, 1, 3, 4] and plan.expert_first_tile.dtype == torch.int32
+    assert plan.expert_first_tile is plan.expert_first_tile
+    # the same as the tiles' own experts: expert e's first tile is the first tile whose expert is e
+    tile_expert = plan.tile_expert.tolist()
+    for e, c in enumerate(counts):
+        if c:
+            assert tile_expert.index(e) == plan.expert_first_tile[e]

@@ -273,11 +273,11 @@ def test_gluon_ws_launcher_host_path(monkeypatch):
         assert seen["kernel"] is ws._fp8_wgrad_ws_kernel and seen["grid"] == (min(items, 7),)
         assert [list(d.block_shape) for d in args[:3]] == [[64, 128], [64, 128], [128, 128]]
         assert args[3] is a.scale and args[4] is (a2 or a).scale and args[5] is b.scale
-        assert torch.equal(args[6], plan.experts_by_load) and args[7] is plan.offsets_E1
-        assert args[8] is outs[0] and args[9] is outs[-1]
-        assert args[10:17] == (items, triton.cdiv(M, 128), triton.cdiv(N, 128), which, E, M, N)
+        assert torch.equal(args[6], plan.experts_by_load) and torch.equal(args[7], plan.expert_first_tile)
+        assert args[8] is plan.offsets_E1 and args[9] is outs[0] and args[10] is outs[-1]
+        assert args[11:17] == (items, triton.cdiv(M, 128), triton.cdiv(N, 128), which, M, N)
         assert args[17:19] == (a.scale.stride(0), b.scale.stride(0))
-        assert seen["kw"]["STAGES"] == 5 and seen["kw"]["maxnreg"] == 168 and seen["kw"]["BLOCK_E"] == 8
+        assert seen["kw"]["STAGES"] == 5 and seen["kw"]["maxnreg"] == 168
 
 
 def test_wgrad_fp8_no_rows():

@@ -94,6 +94,15 @@ class RoutingPlan:
         gradients of a backward share it)."""
         return torch.argsort(self.offsets_E1[1:] - self.offsets_E1[:-1], descending=True, stable=True).to(torch.int32)
 
+    @functools.cached_property
+    def expert_first_tile(self) -> torch.Tensor:
+        """int32 [E]: each local expert's first M-tile (the tiles of the experts before it; tiles are
+        `layout.block_m` rows of one expert, experts in order), on the device: where the token-tile operands
+        of the weight gradients start for that expert. Computed once per plan object."""
+        tiles = torch.div(self.offsets_E1[1:] - self.offsets_E1[:-1] + self.layout.block_m - 1, self.layout.block_m,
+                          rounding_mode="floor")
+        return (torch.cumsum(tiles, 0) - tiles).to(torch.int32)
+
     def sorted_source_rows(self, rows_RD: torch.Tensor) -> torch.Tensor:
         """The source rows of this plan's rows in expert-sorted order, [N, D]: sorted position p holds
         row order[p] // K of rows_RD (the oracle of `kernels.sorted_rows`, which reads each source row once)."""

@@ -30,33 +30,29 @@ from .fp8_rows_ws_gluon import HALF_M, launch_ws, ring, ring_done
 
 
 @gluon.jit
-def _item(item, tiles_m, tiles_n, which_count, E, expert_slot_ptr, offsets_ptr, BLOCK_E: gl.constexpr,
-          WARPS: gl.constexpr):
+def _item(item, tiles_m, tiles_n, which_count, expert_slot_ptr, first_tile_ptr, offsets_ptr):
     """(which A, expert, its first token tile, its token tiles, output row block, output column block) of
-    an item: the A operand fastest, then column blocks, row blocks, expert slots."""
+    an item: the A operand fastest, then column blocks, row blocks, expert slots. The first token tile comes
+    from the plan's per-expert table (`RoutingPlan.expert_first_tile`): a sum over the experts before it,
+    redone per item in every partition, cost a cross-warp reduction on the consumers' path."""
     which = item % which_count
     rest = item // which_count
     pid_n = rest % tiles_n
     rest = rest // tiles_n
     pid_m = rest % tiles_m
     expert = gl.load(expert_slot_ptr + rest // tiles_m)
-    # the plan's tiles are 128 rows of one expert, experts in order: expert e's first token tile is the
-    # number of tiles of the experts before it (`wgrad._first_token_tile`)
-    e = gl.arange(0, BLOCK_E, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-    before = e < expert
-    counts = gl.load(offsets_ptr + e + 1, mask=before, other=0) - gl.load(offsets_ptr + e, mask=before, other=0)
-    first = gl.sum((counts + 127) // 128, axis=0)
+    first = gl.load(first_tile_ptr + expert)
     rows = gl.load(offsets_ptr + expert + 1) - gl.load(offsets_ptr + expert)
     return which, expert, first, (rows + 127) // 128, pid_m, pid_n
 
 
 @gluon.jit
-def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, offsets_ptr, num_items,
-              tiles_m, tiles_n, which_count, E, BLOCK_E: gl.constexpr, STAGES: gl.constexpr):
+def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr, offsets_ptr,
+              num_items, tiles_m, tiles_n, which_count, STAGES: gl.constexpr):
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        which, expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, which_count, E, expert_slot_ptr,
-                                                          offsets_ptr, BLOCK_E, 1)
+        which, expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, which_count, expert_slot_ptr,
+                                                          first_tile_ptr, offsets_ptr)
         for t in range(first, first + count):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
@@ -73,9 +69,9 @@ def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot
 
 
 @gluon.jit
-def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
-              c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb,
-              HALF: gl.constexpr, BLOCK_E: gl.constexpr, STAGES: gl.constexpr):
+def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, first_tile_ptr,
+              offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, M, N, stride_sa, stride_sb,
+              HALF: gl.constexpr, STAGES: gl.constexpr):
     """Output rows HALF * 64 .. HALF * 64 + 63 of every item's 128 x 128 tile."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
@@ -86,8 +82,8 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
     zero = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        which, expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, which_count, E, expert_slot_ptr,
-                                                          offsets_ptr, BLOCK_E, 4)
+        which, expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, which_count, expert_slot_ptr,
+                                                          first_tile_ptr, offsets_ptr)
         rows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, mma_layout))
         cols = pid_n * 128 + gl.arange(0, 128, layout=col_layout)
         sa_off = rows * stride_sa  # int32: a scale matrix has rows x tiles entries, far below 2^31
@@ -131,20 +127,20 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
 
 
 @gluon.jit
-def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
-                         c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb,
-                         BLOCK_E: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
+                         first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, M, N,
+                         stride_sa, stride_sb, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                          PRODUCER_REGS: gl.constexpr):
     a_smem, b_smem, ready, empty = ring(a_desc, b_desc, 128, STAGES)
     gl.warp_specialize([
-        (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
-                     c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb, 0,
-                     BLOCK_E, STAGES)),
-        (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, offsets_ptr,
-                     c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, E, M, N, stride_sa, stride_sb, 1,
-                     BLOCK_E, STAGES)),
-        (_producer, (a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, offsets_ptr, num_items,
-                     tiles_m, tiles_n, which_count, E, BLOCK_E, STAGES)),
+        (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
+                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, M, N,
+                     stride_sa, stride_sb, 0, STAGES)),
+        (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
+                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, M, N,
+                     stride_sa, stride_sb, 1, STAGES)),
+        (_producer, (a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr,
+                     offsets_ptr, num_items, tiles_m, tiles_n, which_count, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     ring_done(ready, empty, STAGES)
 
@@ -162,6 +158,5 @@ def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: R
     a_desc = _descriptor(a.data, HALF_M.value)
     a2_desc = _descriptor(a2.data, HALF_M.value) if a2 is not None else a_desc
     launch_ws(_fp8_wgrad_ws_kernel, items, a.data.device, stages, a_desc, a2_desc, _descriptor(b.data, 128), a.scale,
-              (a2 if a2 is not None else a).scale, b.scale, plan.experts_by_load, plan.offsets_E1, outs[0], outs[-1],
-              items, tiles_m, tiles_n, which, E, M, N, a.scale.stride(0), b.scale.stride(0),
-              BLOCK_E=triton.next_power_of_2(E))
+              (a2 if a2 is not None else a).scale, b.scale, plan.experts_by_load, plan.expert_first_tile, plan.offsets_E1,
+              outs[0], outs[-1], items, tiles_m, tiles_n, which, M, N, a.scale.stride(0), b.scale.stride(0))
