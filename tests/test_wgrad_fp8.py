@@ -18,6 +18,8 @@ cases run compiled, plus a Qwen3-30B-A3B-sized layer.
 import contextlib
 import math
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -247,12 +249,14 @@ def test_wgrad_fp8_gluon_ws(case, out_dtype):
     p = _problem(case, seed=3)
     _run_w2(p, out_dtype, GLUON_WS)
     _run_w13(p, out_dtype, GLUON_WS)
+    _run_w13(p, out_dtype, replace(GLUON_WS, num_stages=2))  # dW1/dW3's 48 KB stages, the ring wrapping often
 
 
 def test_gluon_ws_launcher_host_path(monkeypatch):
     """`fp8_wgrad_ws` on the host with the launch stubbed (the kernel needs a GPU): descriptors over the
-    token tiles (A in 64-row halves, B in 128 rows), items = experts x row blocks x column blocks x (2 for
-    dW1/dW3, 1 for dW2), one program per multiprocessor, the scales, both outputs."""
+    token tiles (A in 64-row halves, B in 128 rows), items = experts x row blocks x column blocks (dW1/dW3:
+    both tiles in one item, DUAL, with the consumer registers it needs), one program per multiprocessor, the
+    scales, both outputs."""
     import triton
 
     from titan_megamoe.kernels import fp8_rows_ws_gluon  # its launch_ws launches every warp-specialised kernel
@@ -267,17 +271,17 @@ def test_gluon_ws_launcher_host_path(monkeypatch):
     for a, a2, b, M, N in ((t["dg"], t["du"], t["x"], H, D), (t["dout"], None, t["hs"], D, H)):
         outs = [torch.empty(E, M, N, device=DEVICE) for _ in range(1 if a2 is None else 2)]
         ws.fp8_wgrad_ws(a, a2, b, plan, outs, stages=5)
-        which = 1 if a2 is None else 2
-        items = E * triton.cdiv(M, 128) * triton.cdiv(N, 128) * which
+        items = E * triton.cdiv(M, 128) * triton.cdiv(N, 128)
         args = seen["args"]
         assert seen["kernel"] is ws._fp8_wgrad_ws_kernel and seen["grid"] == (min(items, 7),)
         assert [list(d.block_shape) for d in args[:3]] == [[64, 128], [64, 128], [128, 128]]
         assert args[3] is a.scale and args[4] is (a2 or a).scale and args[5] is b.scale
         assert torch.equal(args[6], plan.experts_by_load) and torch.equal(args[7], plan.expert_first_tile)
         assert args[8] is plan.offsets_E1 and args[9] is outs[0] and args[10] is outs[-1]
-        assert args[11:17] == (items, triton.cdiv(M, 128), triton.cdiv(N, 128), which, M, N)
-        assert args[17:19] == (a.scale.stride(0), b.scale.stride(0))
+        assert args[11:16] == (items, triton.cdiv(M, 128), triton.cdiv(N, 128), M, N)
+        assert args[16:18] == (a.scale.stride(0), b.scale.stride(0))
         assert seen["kw"]["STAGES"] == 5 and seen["kw"]["maxnreg"] == 168
+        assert seen["kw"]["DUAL"] == (a2 is not None) and seen["kw"]["CONSUMER_REGS"] == (232 if a2 is None else 240)
 
 
 def test_wgrad_fp8_no_rows():
@@ -378,7 +382,7 @@ def compile_sm90(kind):
     cfg = tile_config(f"wgrad_{kind}", 2048, 768, "fp8")
     assert cfg.tma, "wgrad_fp8 compiles the TMA form, which the shipped FP8 config must be"
     if cfg.gluon:  # the persistent warp-specialised Gluon kernel (its launch shape is its own)
-        res = gluon_wgrad_ws(cfg.num_stages)
+        res = gluon_wgrad_ws(cfg.num_stages, dual=kind == "w13")
     else:
         res = wgrad_fp8(kind == "w13", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
     return dict(config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.gluon], **res)
@@ -413,4 +417,10 @@ def test_fp8_default_config_compiles_to_fp8_wgmma_on_sm90(sm90_compiles, kind):
         # H=768: w2 1.55 ms vs 0.94 ms at 64 x 128 (4 warps, 4 stages), w13 4.37 ms vs 1.87 ms at 64 x 256
         # (8 warps, 3 stages), both spill-free; this turns into a failure once the default changes
         pytest.xfail(f"the default FP8 {kind} config 128x128/8 warps spills ({res['usage']})")
+    if kind == "w13" and res["config"][4]:
+        # the Gluon dW1/dW3 (DUAL): two accumulators, the product and 32 column scales a thread at 240
+        # registers; sm_90 (Triton 3.6) keeps three 64-bit scale pointers in local memory around the first MMA
+        # (72 bytes, L1). A bound, not a pass: more is a regression
+        assert int(stack.group(1)) <= 72, f"register spills: {res['usage']}"
+        return
     assert int(stack.group(1)) == 0, f"register spills: {res['usage']}"

@@ -46,11 +46,12 @@ MAXNREG = 65536 // (12 * 32) // 8 * 8
 
 
 @gluon.jit
-def ring(a_desc, b_desc, B_ROWS: gl.constexpr, STAGES: gl.constexpr):
+def ring(a_desc, b_desc, B_ROWS: gl.constexpr, STAGES: gl.constexpr, A_TILES: gl.constexpr = 1):
     """The pipeline the producer fills and the consumers drain: STAGES stages of A's two 64-row halves
-    (a_smem[2s], a_smem[2s + 1]) and a B_ROWS x 128 weight tile, with their barriers: `ready[s]` (the
-    stage's TMA bytes have landed) and `empty[s]` (both consumers' MMAs have read it)."""
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * STAGES, HALF_M, 128], a_desc.layout)
+    (a_smem[2s], a_smem[2s + 1]; with A_TILES 2 a second A's halves after them, a_smem[4s] .. a_smem[4s + 3])
+    and a B_ROWS x 128 weight tile, with their barriers: `ready[s]` (the stage's TMA bytes have landed) and
+    `empty[s]` (both consumers' MMAs have read it)."""
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * A_TILES * STAGES, HALF_M, 128], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, B_ROWS, 128], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -200,14 +201,16 @@ def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int
     return out
 
 
-def ws_options(stages: int) -> dict:
+def ws_options(stages: int, consumer_regs: int = CONSUMER_REGS) -> dict:
     """The constexprs and launch options every persistent warp-specialised kernel here takes: the ring's
-    stages, the partitions' registers, 4 warps in the default partition, the register cap at launch."""
-    return dict(STAGES=stages, CONSUMER_REGS=CONSUMER_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+    stages, the partitions' registers (`consumer_regs`: the worker consumer's; the default partition gets
+    what the worker and the producer leave), 4 warps in the default partition, the register cap at launch."""
+    return dict(STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
                 maxnreg=MAXNREG)
 
 
-def launch_ws(kernel, items: int, device: torch.device, stages: int, *args, **constexprs) -> None:
+def launch_ws(kernel, items: int, device: torch.device, stages: int, *args, consumer_regs: int = CONSUMER_REGS,
+              **constexprs) -> None:
     """Launch a persistent warp-specialised kernel over `items` work items: one program per multiprocessor
     (fewer where there are fewer items), each walking the items with a stride of the grid."""
-    launch(kernel, (min(items, multiprocessors(device)),), *args, **constexprs, **ws_options(stages))
+    launch(kernel, (min(items, multiprocessors(device)),), *args, **constexprs, **ws_options(stages, consumer_regs))

@@ -9,9 +9,12 @@ fp32 scale per row and tile). `fp8_rows_ws_gluon`'s structure: a producer warp l
 token tile) of A's two 64-row halves and B's 128-row tile into a ring of stages; two consumer warpgroups
 take the halves of a 128 x 128 output tile, sharing B, and promote each tile's product into fp32 with its
 row and column scales (an outer product: sa per output row, sb per output column). An item is (expert
-slot, output row block, output column block, which A): dW1 and dW3 are separate items over the same x
-tiles (two accumulators per consumer would not fit beside the products), items of one expert next to
-each other, experts heaviest first (`RoutingPlan.experts_by_load`). An expert without rows stores zeros.
+slot, output row block, output column block), items of one expert next to each other, experts heaviest
+first (`RoutingPlan.experts_by_load`). An expert without rows stores zeros. dW1/dW3 (DUAL): one item
+computes both tiles over one x tile per stage (dg's and du's halves beside it, 48 KB a stage), each consumer
+keeping two accumulators and one product at a time (the promotion of dW1's product ordered before dW3's
+MMA). Before (2026-12-06) they were separate items that each read the x tile: 1.54 ms against the Triton
+kernel's 1.33 at 30B-A3B on an H100.
 """
 
 from __future__ import annotations
@@ -26,53 +29,61 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load
-from .fp8_rows_ws_gluon import HALF_M, launch_ws, ring, ring_done
+from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, launch_ws, ring, ring_done
 
 
 @gluon.jit
-def _item(item, tiles_m, tiles_n, which_count, expert_slot_ptr, first_tile_ptr, offsets_ptr):
-    """(which A, expert, its first token tile, its token tiles, output row block, output column block) of
-    an item: the A operand fastest, then column blocks, row blocks, expert slots. The first token tile comes
-    from the plan's per-expert table (`RoutingPlan.expert_first_tile`): a sum over the experts before it,
-    redone per item in every partition, cost a cross-warp reduction on the consumers' path."""
-    which = item % which_count
-    rest = item // which_count
-    pid_n = rest % tiles_n
-    rest = rest // tiles_n
+def _item(item, tiles_m, tiles_n, expert_slot_ptr, first_tile_ptr, offsets_ptr):
+    """(expert, its first token tile, its token tiles, output row block, output column block) of an item:
+    column blocks fastest, then row blocks, expert slots. The first token tile comes from the plan's
+    per-expert table (`RoutingPlan.expert_first_tile`): a sum over the experts before it, redone per item in
+    every partition, cost a cross-warp reduction on the consumers' path."""
+    pid_n = item % tiles_n
+    rest = item // tiles_n
     pid_m = rest % tiles_m
     expert = gl.load(expert_slot_ptr + rest // tiles_m)
     first = gl.load(first_tile_ptr + expert)
     rows = gl.load(offsets_ptr + expert + 1) - gl.load(offsets_ptr + expert)
-    return which, expert, first, (rows + 127) // 128, pid_m, pid_n
+    return expert, first, (rows + 127) // 128, pid_m, pid_n
 
 
 @gluon.jit
 def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr, offsets_ptr,
-              num_items, tiles_m, tiles_n, which_count, STAGES: gl.constexpr):
+              num_items, tiles_m, tiles_n, DUAL: gl.constexpr, STAGES: gl.constexpr):
+    A_TILES: gl.constexpr = 2 if DUAL else 1
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        which, expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, which_count, expert_slot_ptr,
-                                                          first_tile_ptr, offsets_ptr)
+        expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, expert_slot_ptr, first_tile_ptr,
+                                                   offsets_ptr)
         for t in range(first, first + count):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            mbarrier.expect(bar, 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            if which == 0:
-                _tma_load(a_desc, [pid_m * 128, t * 128], bar, a_smem.index(2 * s))
-                _tma_load(a_desc, [pid_m * 128 + HALF_M, t * 128], bar, a_smem.index(2 * s + 1))
-            else:
-                _tma_load(a2_desc, [pid_m * 128, t * 128], bar, a_smem.index(2 * s))
-                _tma_load(a2_desc, [pid_m * 128 + HALF_M, t * 128], bar, a_smem.index(2 * s + 1))
+            mbarrier.expect(bar, 2 * A_TILES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            _tma_load(a_desc, [pid_m * 128, t * 128], bar, a_smem.index(2 * A_TILES * s))
+            _tma_load(a_desc, [pid_m * 128 + HALF_M, t * 128], bar, a_smem.index(2 * A_TILES * s + 1))
+            if DUAL:
+                _tma_load(a2_desc, [pid_m * 128, t * 128], bar, a_smem.index(4 * s + 2))
+                _tma_load(a2_desc, [pid_m * 128 + HALF_M, t * 128], bar, a_smem.index(4 * s + 3))
             _tma_load(b_desc, [pid_n * 128, t * 128], bar, b_smem.index(s))
             it += 1
 
 
 @gluon.jit
+def _store_tile(c_ptr, acc, expert, pid_m, M, N, scols, HALF: gl.constexpr, store_layout: gl.constexpr):
+    val = gl.convert_layout(acc, store_layout)
+    srows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
+    off = (expert.to(gl.int64) * M + srows)[:, None] * N + scols[None, :]
+    gl.store(c_ptr + off, val.to(c_ptr.dtype.element_ty), mask=(srows < M)[:, None] & (scols < N)[None, :])
+
+
+@gluon.jit
 def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, first_tile_ptr,
-              offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, M, N, stride_sa, stride_sb,
-              HALF: gl.constexpr, STAGES: gl.constexpr):
-    """Output rows HALF * 64 .. HALF * 64 + 63 of every item's 128 x 128 tile."""
+              offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N, stride_sa, stride_sb,
+              HALF: gl.constexpr, DUAL: gl.constexpr, STAGES: gl.constexpr):
+    """Output rows HALF * 64 .. HALF * 64 + 63 of every item's 128 x 128 tile (DUAL: of C and C2, one
+    accumulator each: per token tile the MMA with A's half, its promotion, then the one with A2's half;
+    one product in registers at a time)."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -80,83 +91,106 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
     # columns each: 32 pointers per thread, which spilled)
     col_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     zero = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+    if DUAL:
+        # the MMAs take the last product as their (unread: use_acc=False) accumulator, so no tile of zeros
+        # stays live beside the two accumulators (`fp8_rows_ws_gluon._consumer`)
+        prod = zero
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        which, expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, which_count, expert_slot_ptr,
-                                                          first_tile_ptr, offsets_ptr)
+        expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, expert_slot_ptr, first_tile_ptr,
+                                                   offsets_ptr)
         rows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, mma_layout))
         cols = pid_n * 128 + gl.arange(0, 128, layout=col_layout)
         sa_off = rows * stride_sa  # int32: a scale matrix has rows x tiles entries, far below 2^31
         sb_off = cols * stride_sb
         rows_ok = rows < M
         cols_ok = cols < N
-        if which == 0:
-            sa_ptr = a_scale_ptr + sa_off
-        else:
-            sa_ptr = a2_scale_ptr + sa_off
         acc = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
         # each token tile's scales are loaded one tile ahead (their latency would outlast the MMA); an empty
         # expert loads tile `first` once, in range, and uses nothing
-        sa_next = gl.load(sa_ptr + first, mask=rows_ok, other=0.0)
+        sa_next = gl.load(a_scale_ptr + sa_off + first, mask=rows_ok, other=0.0)
         sb_next = gl.load(b_scale_ptr + sb_off + first, mask=cols_ok, other=0.0)
+        if DUAL:
+            acc2 = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+            sa2_next = gl.load(a2_scale_ptr + sa_off + first, mask=rows_ok, other=0.0)
         last = first + gl.maximum(count, 1) - 1
         for t in range(first, first + count):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero, use_acc=False,
-                                 is_async=True)
+            if DUAL:
+                prod = warpgroup_mma(a_smem.index(4 * s + HALF), b_smem.index(s).permute((1, 0)), prod,
+                                     use_acc=False, is_async=True)
+            else:
+                prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero,
+                                     use_acc=False, is_async=True)
             sa = sa_next
             sb = gl.convert_layout(sb_next, gl.SliceLayout(0, mma_layout))
             t_next = gl.minimum(t + 1, last)
-            sa_next = gl.load(sa_ptr + t_next, mask=rows_ok, other=0.0)
+            sa_next = gl.load(a_scale_ptr + sa_off + t_next, mask=rows_ok, other=0.0)
             sb_next = gl.load(b_scale_ptr + sb_off + t_next, mask=cols_ok, other=0.0)
+            if DUAL:
+                sa2 = sa2_next
+                sa2_next = gl.load(a2_scale_ptr + sa_off + t_next, mask=rows_ok, other=0.0)
             prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
-            mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
+            if not DUAL:
+                mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
             # (partial * sa) * sb, as the Triton kernel scales: each step exact (power-of-two scales)
             acc += prod * sa[:, None] * sb[None, :]
+            if DUAL:
+                # the promotion above before the next MMA's issue (otherwise two products are kept and spill)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                prod = warpgroup_mma(a_smem.index(4 * s + 2 + HALF), b_smem.index(s).permute((1, 0)), prod,
+                                     use_acc=False, is_async=True)
+                prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
+                mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
+                acc2 += prod * sa2[:, None] * sb[None, :]
             it += 1
-        val = gl.convert_layout(acc, store_layout)
-        srows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
         scols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, store_layout))
-        off = (expert.to(gl.int64) * M + srows)[:, None] * N + scols[None, :]
-        ok = (srows < M)[:, None] & (scols < N)[None, :]
-        if which == 0:
-            gl.store(c_ptr + off, val.to(c_ptr.dtype.element_ty), mask=ok)
-        else:
-            gl.store(c2_ptr + off, val.to(c2_ptr.dtype.element_ty), mask=ok)
+        _store_tile(c_ptr, acc, expert, pid_m, M, N, scols, HALF, store_layout)
+        if DUAL:
+            _store_tile(c2_ptr, acc2, expert, pid_m, M, N, scols, HALF, store_layout)
 
 
 @gluon.jit
 def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
-                         first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, M, N,
-                         stride_sa, stride_sb, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                         first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N,
+                         stride_sa, stride_sb, DUAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                          PRODUCER_REGS: gl.constexpr):
-    a_smem, b_smem, ready, empty = ring(a_desc, b_desc, 128, STAGES)
+    a_smem, b_smem, ready, empty = ring(a_desc, b_desc, 128, STAGES, 2 if DUAL else 1)
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
-                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, M, N,
-                     stride_sa, stride_sb, 0, STAGES)),
+                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N,
+                     stride_sa, stride_sb, 0, DUAL, STAGES)),
         (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
-                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, which_count, M, N,
-                     stride_sa, stride_sb, 1, STAGES)),
+                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N,
+                     stride_sa, stride_sb, 1, DUAL, STAGES)),
         (_producer, (a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr,
-                     offsets_ptr, num_items, tiles_m, tiles_n, which_count, STAGES)),
+                     offsets_ptr, num_items, tiles_m, tiles_n, DUAL, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     ring_done(ready, empty, STAGES)
+
+
+def consumer_regs(dual: bool) -> int:
+    """The worker consumer's registers: DUAL's two accumulators, the product and the 32 column scales a
+    thread applies need ~245 during dW3's promotion; at the default 232 the sm_90 compile spilled 112 bytes.
+    240 leaves the default consumer 248 (65536 / 128 threads - 240 - the producer's 24)."""
+    return 240 if dual else CONSUMER_REGS
 
 
 def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: RoutingPlan, outs: list[torch.Tensor],
                  stages: int = 4) -> None:
     """`wgrad._launch_fp8`'s work from the persistent warp-specialised kernel: outs[0][e] = sum over e's token
-    tiles of A B^T (dequantized), outs[-1] likewise with A2 when given. a, a2: token tiles [M, P]; b: [N, P];
-    outs: [E, M, N] each, every element written."""
+    tiles of A B^T (dequantized), outs[-1] likewise with A2 when given (the same items: B's tile read once
+    for both). a, a2: token tiles [M, P]; b: [N, P]; outs: [E, M, N] each, every element written."""
     M, N, E = a.data.shape[0], b.data.shape[0], plan.layout.num_experts
     assert plan.layout.block_m == SCALE_BLOCK and a.scale.stride(1) == b.scale.stride(1) == 1
-    which = 2 if a2 is not None else 1
+    dual = a2 is not None
+    assert not dual or a2.scale.stride() == a.scale.stride(), "A and A2 share their scales' layout"
     tiles_m, tiles_n = triton.cdiv(M, 2 * HALF_M.value), triton.cdiv(N, 128)
-    items = E * tiles_m * tiles_n * which
+    items = E * tiles_m * tiles_n
     a_desc = _descriptor(a.data, HALF_M.value)
-    a2_desc = _descriptor(a2.data, HALF_M.value) if a2 is not None else a_desc
+    a2_desc = _descriptor(a2.data, HALF_M.value) if dual else a_desc
     launch_ws(_fp8_wgrad_ws_kernel, items, a.data.device, stages, a_desc, a2_desc, _descriptor(b.data, 128), a.scale,
-              (a2 if a2 is not None else a).scale, b.scale, plan.experts_by_load, plan.expert_first_tile, plan.offsets_E1,
-              outs[0], outs[-1], items, tiles_m, tiles_n, which, M, N, a.scale.stride(0), b.scale.stride(0))
+              (a2 if dual else a).scale, b.scale, plan.experts_by_load, plan.expert_first_tile, plan.offsets_E1,
+              outs[0], outs[-1], items, tiles_m, tiles_n, M, N, a.scale.stride(0), b.scale.stride(0), DUAL=dual,
+              consumer_regs=consumer_regs(dual))

@@ -126,7 +126,8 @@ CANDIDATES_FP8 = {
     "dgrad_swiglu": [replace(c, split=True) for c in _FP8_ROWS + _FP8_PERSISTENT + _FP8_GLUON_WS + _FP8_GLUON_WS_WIDE],
     "dx": _FP8_ROWS + [C(M, 128, F, 8, 3, **WS)] + _FP8_PERSISTENT + _FP8_ONE_LOOP + _FP8_GLUON_WS + _FP8_GLUON_WS_WIDE,
     "wgrad_w2": _FP8_WGRAD + _FP8_GLUON_WS,
-    "wgrad_w13": _FP8_WGRAD + _FP8_GLUON_WS,
+    # dW1/dW3's Gluon items hold both tiles (48 KB stages): 3 or 4 fit in shared memory, 5 do not
+    "wgrad_w13": _FP8_WGRAD + [replace(_FP8_GLUON_WS[0], num_stages=3), _FP8_GLUON_WS[0]],
 }
 
 
