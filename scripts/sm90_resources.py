@@ -173,7 +173,8 @@ def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False)
 
     sig = {**_gluon_fp8_descs(ws.HALF_M.value, block_n), **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"), **PLAN,
            "out_ptr": "*bf16", **_types("N KD ND NK1 num_items", "i32")}
-    return _compile_ws(ws._fp8_rows_ws_kernel, sig, stages, SORTED_OUT=sorted_out, BLOCK_N=block_n)
+    return _compile_ws(ws._fp8_rows_ws_kernel, sig, stages, ws.consumer_regs(block_n), SORTED_OUT=sorted_out,
+                       BLOCK_N=block_n)
 
 
 def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
@@ -331,15 +332,17 @@ def shipped_fp8_rows(dim: int, hidden: int) -> dict:
     out = {}
     # where the table picks the persistent warp-specialised Gluon kernels (gluon + warp_specialize), those
     kw, c = cfg("gemm1_swiglu")
-    out["gemm1"] = gluon_gemm1_ws(c.num_stages) if c.gluon else gemm1(c.block_n, **kw)
+    out["gemm1"] = dict(gluon_gemm1_ws(c.num_stages, c.block_n) if c.gluon else gemm1(c.block_n, **kw),
+                        block_n=c.block_n)
     kw, c = cfg("gemm2")
-    out["gemm2"] = gluon_rows_ws(c.block_n, c.num_stages) if c.gluon else grouped_gemm(c.block_n, False, **kw)
+    out["gemm2"] = dict(gluon_rows_ws(c.block_n, c.num_stages) if c.gluon else grouped_gemm(c.block_n, False, **kw),
+                        block_n=c.block_n)
     kw, c = cfg("dx")
-    out["dx"] = (gluon_rows_ws(c.block_n, c.num_stages) if c.gluon
-                 else grouped_gemm(c.block_n, True, one_loop=c.pairs_in_one_loop, **kw))
+    out["dx"] = dict(gluon_rows_ws(c.block_n, c.num_stages) if c.gluon
+                     else grouped_gemm(c.block_n, True, one_loop=c.pairs_in_one_loop, **kw), block_n=c.block_n)
     kw, c = cfg("dgrad_swiglu")
-    out["dgrad q"] = (gluon_rows_ws(c.block_n, c.num_stages, sorted_out=True) if c.gluon
-                      else grouped_gemm(c.block_n, False, sorted_out=True, **kw))
+    out["dgrad q"] = dict(gluon_rows_ws(c.block_n, c.num_stages, sorted_out=True) if c.gluon
+                          else grouped_gemm(c.block_n, False, sorted_out=True, **kw), block_n=c.block_n)
     return out
 
 

@@ -167,20 +167,31 @@ def _fp8_rows_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_p
 
 
 @gluon.jit
+def row_dest(order_ptr, row0, row_end, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SORTED_OUT: gl.constexpr,
+             WARPS: gl.constexpr):
+    """Where `store_rows` stores sorted rows row0 ..: the rows themselves (SORTED_OUT) or order[row], in
+    its layout; a kernel that loads them early (at its item's start) hands them to `store_rows`."""
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
+    srows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
+    if SORTED_OUT:
+        return srows
+    return gl.load(order_ptr + srows, mask=srows < row_end, other=0)
+
+
+@gluon.jit
 def store_rows(out_ptr, acc, row0, row_end, n0, order_ptr, ND, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               SORTED_OUT: gl.constexpr, WARPS: gl.constexpr):
+               SORTED_OUT: gl.constexpr, WARPS: gl.constexpr, dest=None):
     """The row GEMMs' epilogue: sorted rows row0 .. row0 + BLOCK_M - 1 of the accumulator, columns n0 ..,
-    stored in out's dtype at their sorted row (SORTED_OUT) or at order[row]; rows past the expert's end
-    (computed on rows of the next expert or TMA's zeros) are dropped. 16-byte stores along each row."""
+    stored in out's dtype at their sorted row (SORTED_OUT) or at order[row] (`dest`: `row_dest`'s, loaded
+    earlier, else loaded here); rows past the expert's end (computed on rows of the next expert or TMA's
+    zeros) are dropped. 16-byte stores along each row."""
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_N, BLOCK_N // 8], [WARPS, 1], [1, 0])
     val = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), store_layout)
     srows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, store_layout))
     row_ok = srows < row_end
-    if SORTED_OUT:
-        dest = srows
-    else:
-        dest = gl.load(order_ptr + srows, mask=row_ok, other=0)
+    if dest is None:
+        dest = row_dest(order_ptr, row0, row_end, BLOCK_M, BLOCK_N, SORTED_OUT, WARPS)
     off = dest.to(gl.int64)[:, None] * ND + cols[None, :]
     gl.store(out_ptr + off, val, mask=row_ok[:, None] & (cols < ND)[None, :])
 

@@ -34,7 +34,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import multiprocessors, new_output
-from .fp8_rows_gluon import SCALE_BLOCK, _block_scale, _tma_load, k_blocks, pair_args, plan_row_tile, store_rows
+from .fp8_rows_gluon import (SCALE_BLOCK, _block_scale, _tma_load, k_blocks, pair_args, plan_row_tile, row_dest,
+                              store_rows)
 from .launch import launch
 
 HALF_M = gl.constexpr(64)  # rows per consumer warpgroup (one wgmma M of 64); a plan tile is two halves
@@ -70,15 +71,27 @@ def ring_done(ready, empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def row_item(item, num_items, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr):
+    """`plan_row_tile` of a 128-row item, clamped into range (the item after a program's last one reads the
+    last item's indices and is never run)."""
+    return plan_row_tile(gl.minimum(item, num_items - 1), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                         2 * HALF_M, 1)
+
+
+@gluon.jit
 def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
               offsets_ptr, num_items, num_n, ND, kb, total, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """TMA of every K block of this program's items, each into a stage both consumers have freed (a fresh
     barrier counts as freed: the first pass waits on phase 1). `it` counts K blocks across items, as the
     consumers' does, so stages and phases run on from one item to the next."""
     it = 0
+    # each item's indices are loaded one item ahead (`row_item`): both consumers start an item at once
+    # (they share the weight tiles), so a load chain waited for there idled the tensor cores
+    expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
+                                            offsets_ptr)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                     2 * HALF_M, 1)
+        n_expert, n_row0, n_row_end, n_pid_n = row_item(item + gl.num_programs(0), num_items, num_n, tile_expert_ptr,
+                                                        tile_row_ptr, offsets_ptr)
         if (expert >= 0) & (row0 < row_end):
             b_row = expert * ND + pid_n * BLOCK_N
             for j in range(total):
@@ -95,6 +108,7 @@ def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, 
                     _tma_load(a2_desc, [row0 + HALF_M, (j - kb) * 128], bar, a_smem.index(2 * s + 1))
                     _tma_load(b2_desc, [b_row, (j - kb) * 128], bar, b_smem.index(s))
                 it += 1
+        expert, row0, row_end, pid_n = n_expert, n_row0, n_row_end, n_pid_n
 
 
 @gluon.jit
@@ -115,15 +129,21 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
         # `zero` there instead, the sm_90 compile kept a tile of zeros beside two accumulators and spilled
         prod = zero
     it = 0
+    # each item's indices are loaded one item ahead (`row_item`): both consumers start an item at once
+    # (they share the weight tiles), so a load chain waited for there idled the tensor cores
+    expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
+                                            offsets_ptr)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                     2 * HALF_M, 1)
+        n_expert, n_row0, n_row_end, n_pid_n = row_item(item + gl.num_programs(0), num_items, num_n, tile_expert_ptr,
+                                                        tile_row_ptr, offsets_ptr)
         if (expert >= 0) & (row0 < row_end):
             n0 = pid_n * BLOCK_N
             b_scale_off = (expert.to(gl.int64) * (ND // 128) + n0 // 128) * kb
             my_row0 = row0 + HALF * HALF_M
             rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
             rows_in = rows < N
+            # the output rows' destinations (GEMM2 and dx: order[row]) loaded now, waited for at the store
+            dest = row_dest(order_ptr, my_row0, row_end, HALF_M, SUB_N, SORTED_OUT, 4)
             acc = gl.zeros((HALF_M, SUB_N), gl.float32, layout=mma_layout)
             acc2 = gl.zeros((HALF_M, SUB_N), gl.float32, layout=mma_layout)  # BLOCK_N 256 only
             for j in range(total):
@@ -154,9 +174,11 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
                     mbarrier.arrive(empty.index(s), count=1)
                     acc2 += prod * scale[:, None]
                 it += 1
-            store_rows(out_ptr, acc, my_row0, row_end, n0, order_ptr, ND, HALF_M, SUB_N, SORTED_OUT, 4)
+            store_rows(out_ptr, acc, my_row0, row_end, n0, order_ptr, ND, HALF_M, SUB_N, SORTED_OUT, 4, dest)
             if BLOCK_N > 128:
-                store_rows(out_ptr, acc2, my_row0, row_end, n0 + 128, order_ptr, ND, HALF_M, SUB_N, SORTED_OUT, 4)
+                store_rows(out_ptr, acc2, my_row0, row_end, n0 + 128, order_ptr, ND, HALF_M, SUB_N, SORTED_OUT, 4,
+                           dest)
+        expert, row0, row_end, pid_n = n_expert, n_row0, n_row_end, n_pid_n
 
 
 @gluon.jit
@@ -197,8 +219,15 @@ def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int
         return out
     launch_ws(_fp8_rows_ws_kernel, items, a1.data.device, stages, *pair_args(a1, b1, a2, b2, HALF_M.value, block_n),
               plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, k_blocks(a1, a2),
-              items, SORTED_OUT=sorted_out, BLOCK_N=block_n)
+              items, SORTED_OUT=sorted_out, BLOCK_N=block_n, consumer_regs=consumer_regs(block_n))
     return out
+
+
+def consumer_regs(block_n: int) -> int:
+    """The worker consumer's registers for the row GEMMs: 256 columns (two accumulators and a product)
+    take 240, which leaves the default consumer 248 (65536 / 128 threads - 240 - the producer's 24); at
+    232 the sm_90 compile (Triton 3.6) spilled 8-16 bytes around each item's start."""
+    return 240 if block_n > 128 else CONSUMER_REGS
 
 
 def ws_options(stages: int, consumer_regs: int = CONSUMER_REGS) -> dict:
