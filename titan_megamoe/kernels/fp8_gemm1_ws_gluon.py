@@ -28,8 +28,8 @@ from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import cast_rne, e4m3_scale, new_output, to_e4m3
 from .epilogue import swiglu
-from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load
-from .fp8_rows_ws_gluon import HALF_M, launch_ws, ring, ring_done, row_item
+from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load, plan_row_tile
+from .fp8_rows_ws_gluon import HALF_M, launch_ws, ring, ring_done
 
 
 @gluon.jit
@@ -38,13 +38,9 @@ def _producer(x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_exper
     """TMA of this program's items' K blocks: x's two 64-row halves, and W1's and W3's rows stacked in one
     weight tile (BLOCK_N 64: each half's 64 rows, the halves one after the other; BLOCK_N 128: all 128)."""
     it = 0
-    # each item's indices are loaded one item ahead (`row_item`): both consumers start an item at once
-    # (they share the weight tiles), so a load chain waited for there idled the tensor cores
-    expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
-                                            offsets_ptr)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        n_expert, n_row0, n_row_end, n_pid_n = row_item(item + gl.num_programs(0), num_items, num_n, tile_expert_ptr,
-                                                        tile_row_ptr, offsets_ptr)
+        expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                     2 * HALF_M, 1)
         if (expert >= 0) & (row0 < row_end):
             for j in range(kb * (128 // BLOCK_N)):
                 k = j % kb
@@ -58,7 +54,6 @@ def _producer(x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_exper
                 _tma_load(w1_desc, [w_row, k * 128], bar, b_smem.index(s).slice(0, BLOCK_N))
                 _tma_load(w3_desc, [w_row, k * 128], bar, b_smem.index(s).slice(BLOCK_N, BLOCK_N))
                 it += 1
-        expert, row0, row_end, pid_n = n_expert, n_row0, n_row_end, n_pid_n
 
 
 @gluon.jit
@@ -73,13 +68,9 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
     zero = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
     is_gate = gl.arange(0, 128, layout=gl.SliceLayout(0, mma_layout)) < 64  # [g | u] columns of the accumulator
     it = 0
-    # each item's indices are loaded one item ahead (`row_item`): both consumers start an item at once
-    # (they share the weight tiles), so a load chain waited for there idled the tensor cores
-    expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
-                                            offsets_ptr)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        n_expert, n_row0, n_row_end, n_pid_n = row_item(item + gl.num_programs(0), num_items, num_n, tile_expert_ptr,
-                                                        tile_row_ptr, offsets_ptr)
+        expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                     2 * HALF_M, 1)
         if (expert >= 0) & (row0 < row_end):
             n0 = pid_n * 128
             my_row0 = row0 + HALF * HALF_M
@@ -124,7 +115,6 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
             gl.store(h_ptr + row_off + (cols0 + 64)[None, :], to_e4m3(h1, h_inv[:, None], False),
                      mask=srow_ok[:, None])
             gl.store(hs_ptr + srows.to(gl.int64) * (H // 128) + pid_n, h_scale, mask=srow_ok)
-        expert, row0, row_end, pid_n = n_expert, n_row0, n_row_end, n_pid_n
 
 
 @gluon.jit
@@ -144,13 +134,9 @@ def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_
     # stays live beside the two accumulators (`fp8_rows_ws_gluon._consumer`)
     prod = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
     it = 0
-    # each item's indices are loaded one item ahead (`row_item`): both consumers start an item at once
-    # (they share the weight tiles), so a load chain waited for there idled the tensor cores
-    expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
-                                            offsets_ptr)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
-        n_expert, n_row0, n_row_end, n_pid_n = row_item(item + gl.num_programs(0), num_items, num_n, tile_expert_ptr,
-                                                        tile_row_ptr, offsets_ptr)
+        expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                                                     2 * HALF_M, 1)
         if (expert >= 0) & (row0 < row_end):
             n0 = pid_n * 128
             my_row0 = row0 + HALF * HALF_M
@@ -200,7 +186,6 @@ def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_
             hcols = n0 + gl.arange(0, 128, layout=gl.SliceLayout(0, h_layout))
             gl.store(h_ptr + hrows.to(gl.int64)[:, None] * H + hcols[None, :], hq, mask=(hrows < row_end)[:, None])
             gl.store(hs_ptr + rows.to(gl.int64) * (H // 128) + pid_n, h_scale, mask=rows < row_end)
-        expert, row0, row_end, pid_n = n_expert, n_row0, n_row_end, n_pid_n
 
 
 @gluon.jit
