@@ -38,7 +38,8 @@ class TileConfig:
     split: bool = False
     # Triton's automatic warp specialisation: gemm2 / dx with tma, and the weight gradients with sorted_copy;
     # with gluon (gemm2, dgrad's GEMM, dx; block_m 128, 8 warps) the persistent warp-specialised Gluon kernel
-    # (`fp8_rows_ws_gluon`: a producer warp, two consumer warpgroups of 64 rows)
+    # (`fp8_rows_ws_gluon`: a producer warp, two consumer warpgroups of 64 rows; block_n up to 256 there, and
+    # GEMM1's block_n 128: its 128 columns in one pass)
     warp_specialize: bool = False
     group_m: int = 1  # row-tiled kernels: row programs walked down each N column together (schedule.row_tile)
     # weight gradients (bf16) with tma: the gathered operand (dout for dW2, x for dW1/dW3) copied into

@@ -14,6 +14,11 @@ weight tile: W1's 64 rows of the half above W3's, so one MMA of N = 128 gives ga
 (two MMAs of N = 64 would read x's tile from shared memory twice). Its columns are scaled by x's row scale
 times W1's or W3's block scale; at the half's end the accumulator is split into g and u in registers
 (columns c and c + 64 sit in the same thread) and the epilogue works in a store-friendly layout.
+
+BLOCK_N 128 (`_consumer_full`): the item's 128 columns in one pass, a stage holding W1's 128 rows above W3's,
+one MMA into g's accumulator and one into u's per K block: x's tile is read once per K block instead of
+twice. 1.18-1.21x the two-half form at Qwen3 shapes on an H100 (docs/kernels.md, "Wider items"), bitwise the
+same g, u and h.
 """
 
 from __future__ import annotations

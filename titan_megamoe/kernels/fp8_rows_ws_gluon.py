@@ -4,17 +4,22 @@ beside `grouped_gemm`'s Triton kernels; GPU only).
     out[p] = sum_kb (A_p[kb] B_e[kb]^T) * sa[p, kb] * sb[e, n_block, kb]    (one or two pairs of operands)
 
 The same product, operands and output as `fp8_rows_gluon` (its docstring), in DeepGEMM's structure:
-- one program per multiprocessor walks the items (a 128-row plan tile by BLOCK_N <= 128 columns, column
-  blocks fastest, `schedule.row_tile`'s order) with a stride of the grid;
+- one program per multiprocessor walks the items (a 128-row plan tile by BLOCK_N columns, column blocks
+  fastest, `schedule.row_tile`'s order) with a stride of the grid, each item's indices loaded one item
+  ahead and its output rows' destinations at its start (both consumers start and store an item at once:
+  a load waited for there idles the tensor cores);
 - a producer warp issues the TMA loads of every K block of every item into a ring of STAGES stages: A's
-  two 64-row halves and the 128-wide weight tile, `ready[s]` counting their bytes;
+  two 64-row halves and the BLOCK_N x 128 weight tile, `ready[s]` counting their bytes;
 - two consumer warpgroups (the default partition and a 4-warp worker) take the two 64-row halves and share
   each weight tile: 128 FLOP per operand byte, against 85 for the 64-row programs of the Triton kernels.
   Per K block a consumer issues its MMA into a fresh accumulator, waits for it, hands the stage back
   (`empty[s]`, one arrival per consumer) and scales the product into its fp32 accumulator (the promotion).
   Nothing synchronises the two consumers with each other, so while one scales the other's MMA runs;
 - at an item's end each consumer stores its 64 rows while the producer is already loading the next
-  item's first K blocks.
+  item's first K blocks;
+- BLOCK_N 256: two 128-column sub-tiles per consumer (one accumulator each, one product at a time), so
+  A's tile serves both: 171 FLOP per operand byte. The operand reads from L2 are what held the 128-column
+  items (docs/kernels.md, "Wider items"): 1.11-1.19x faster at Qwen3 shapes on an H100, bitwise the same.
 
 What the previous warp-specialised form lacked (docs/kernels.md, "Warp-specialised, fourth H100 run"): it
 was one item per program (no load of the next item during the epilogue) and one 8-warp consumer partition
