@@ -62,6 +62,15 @@ def _producer(x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_exper
 
 
 @gluon.jit
+def _consumer_rows(expert, row0, pid_n, N, H, kb, HALF: gl.constexpr, row_layout: gl.constexpr):
+    """A consumer's rows of an item: its first row, its 64 rows and which lie in the matrix, and where the
+    item's 128x128 weight blocks start in a weight scale."""
+    my_row0 = row0 + HALF * HALF_M
+    rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
+    return my_row0, rows, rows < N, (expert.to(gl.int64) * (H // 128) + pid_n) * kb
+
+
+@gluon.jit
 def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
               g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF: gl.constexpr, STAGES: gl.constexpr):
     """Rows HALF * 64 .. HALF * 64 + 63 of every item: per 64-column half the promoted [g | u] accumulator,
@@ -78,10 +87,7 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
                                                      2 * HALF_M, 1)
         if (expert >= 0) & (row0 < row_end):
             n0 = pid_n * 128
-            my_row0 = row0 + HALF * HALF_M
-            rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
-            rows_in = rows < N
-            ws_off = (expert.to(gl.int64) * (H // 128) + pid_n) * kb  # the 128x128 weight blocks of these columns
+            my_row0, rows, rows_in, ws_off = _consumer_rows(expert, row0, pid_n, N, H, kb, HALF, row_layout)
             srows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
             srow_ok = srows < row_end  # rows past the expert's end were computed and are dropped here
             row_off = srows.to(gl.int64)[:, None] * H
@@ -144,10 +150,7 @@ def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_
                                                      2 * HALF_M, 1)
         if (expert >= 0) & (row0 < row_end):
             n0 = pid_n * 128
-            my_row0 = row0 + HALF * HALF_M
-            rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
-            rows_in = rows < N
-            ws_off = (expert.to(gl.int64) * (H // 128) + pid_n) * kb  # the 128x128 weight blocks of these columns
+            my_row0, rows, rows_in, ws_off = _consumer_rows(expert, row0, pid_n, N, H, kb, HALF, row_layout)
             acc_g = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
             acc_u = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
             for k in range(kb):
