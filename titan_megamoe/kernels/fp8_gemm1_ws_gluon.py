@@ -197,6 +197,19 @@ def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_
 
 
 @gluon.jit
+def _consumer_of(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                 g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr):
+    """The consumer partition of BLOCK_N: the two-half form (64) or the one pass (128)."""
+    if BLOCK_N == 64:
+        _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+                  g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF, STAGES)
+    else:
+        _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
+                       offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF, STAGES)
+
+
+@gluon.jit
 def _fp8_gemm1_ws_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
                          offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, N, D, H, num_items, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
@@ -204,24 +217,14 @@ def _fp8_gemm1_ws_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, til
     a_smem, b_smem, ready, empty = ring(x_desc, w1_desc, 2 * BLOCK_N, STAGES)
     kb = D // 128
     num_n = H // 128
-    if BLOCK_N == 64:
-        gl.warp_specialize([
-            (_consumer, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
-                         offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 0, STAGES)),
-            (_consumer, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
-                         offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 1, STAGES)),
-            (_producer, (x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
-                         offsets_ptr, num_items, num_n, H, kb, BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer_full, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
-                              offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 0, STAGES)),
-            (_consumer_full, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
-                              offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 1, STAGES)),
-            (_producer, (x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
-                         offsets_ptr, num_items, num_n, H, kb, BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer_of, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
+                        offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 0, BLOCK_N, STAGES)),
+        (_consumer_of, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
+                        offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 1, BLOCK_N, STAGES)),
+        (_producer, (x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
+                     offsets_ptr, num_items, num_n, H, kb, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     ring_done(ready, empty, STAGES)
 
 
