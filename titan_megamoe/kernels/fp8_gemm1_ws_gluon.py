@@ -63,11 +63,11 @@ def _producer(x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_exper
 
 @gluon.jit
 def _consumer_rows(expert, row0, pid_n, N, H, kb, HALF: gl.constexpr, row_layout: gl.constexpr):
-    """A consumer's rows of an item: its first row, its 64 rows and which lie in the matrix, and where the
-    item's 128x128 weight blocks start in a weight scale."""
+    """A consumer's view of an item: its first column, its first row, its 64 rows and which lie in the matrix,
+    and where the item's 128x128 weight blocks start in a weight scale."""
     my_row0 = row0 + HALF * HALF_M
     rows = my_row0 + gl.arange(0, HALF_M, layout=row_layout)
-    return my_row0, rows, rows < N, (expert.to(gl.int64) * (H // 128) + pid_n) * kb
+    return pid_n * 128, my_row0, rows, rows < N, (expert.to(gl.int64) * (H // 128) + pid_n) * kb
 
 
 @gluon.jit
@@ -86,8 +86,7 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
         expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
                                                      2 * HALF_M, 1)
         if (expert >= 0) & (row0 < row_end):
-            n0 = pid_n * 128
-            my_row0, rows, rows_in, ws_off = _consumer_rows(expert, row0, pid_n, N, H, kb, HALF, row_layout)
+            n0, my_row0, rows, rows_in, ws_off = _consumer_rows(expert, row0, pid_n, N, H, kb, HALF, row_layout)
             srows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
             srow_ok = srows < row_end  # rows past the expert's end were computed and are dropped here
             row_off = srows.to(gl.int64)[:, None] * H
@@ -149,8 +148,7 @@ def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_
         expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
                                                      2 * HALF_M, 1)
         if (expert >= 0) & (row0 < row_end):
-            n0 = pid_n * 128
-            my_row0, rows, rows_in, ws_off = _consumer_rows(expert, row0, pid_n, N, H, kb, HALF, row_layout)
+            n0, my_row0, rows, rows_in, ws_off = _consumer_rows(expert, row0, pid_n, N, H, kb, HALF, row_layout)
             acc_g = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
             acc_u = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
             for k in range(kb):
