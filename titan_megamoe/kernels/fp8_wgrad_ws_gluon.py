@@ -79,42 +79,14 @@ def _store_tile(c_ptr, acc, expert, pid_m, M, N, scols, HALF: gl.constexpr, stor
 
 
 @gluon.jit
-def _scale_offsets(pid_m, pid_n, M, N, stride_sa, stride_sb, HALF: gl.constexpr, row_layout: gl.constexpr,
-                   col_layout: gl.constexpr):
-    """An item's scale offsets: its 64 A rows' (this consumer's half) and 128 B rows', with their masks."""
-    rows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
-    cols = pid_n * 128 + gl.arange(0, 128, layout=col_layout)
-    # int32: a scale matrix has rows x tiles entries, far below 2^31
-    return rows * stride_sa, cols * stride_sb, rows < M, cols < N
-
-
-@gluon.jit
-def _load_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_off, sb_off, rows_ok, cols_ok, t, DUAL: gl.constexpr):
-    """Token tile t's scales: A's (A2's with DUAL, else A's again, unused) per row, B's per column."""
-    sa = gl.load(a_scale_ptr + sa_off + t, mask=rows_ok, other=0.0)
-    sb = gl.load(b_scale_ptr + sb_off + t, mask=cols_ok, other=0.0)
-    if DUAL:
-        sa2 = gl.load(a2_scale_ptr + sa_off + t, mask=rows_ok, other=0.0)
-    else:
-        sa2 = sa
-    return sa, sa2, sb
-
-
-@gluon.jit
 def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, first_tile_ptr,
               offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N, stride_sa, stride_sb,
               HALF: gl.constexpr, DUAL: gl.constexpr, STAGES: gl.constexpr):
     """Output rows HALF * 64 .. HALF * 64 + 63 of every item's 128 x 128 tile (DUAL: of C and C2, one
     accumulator each: per token tile the MMA with A's half, its promotion, then the one with A2's half;
-    one product in registers at a time).
-
-    Each token tile's scales are loaded one tile ahead (their latency would outlast the MMA), the next
-    item's first ones at this item's last tile, and the next item's indices at this item's start: both
-    consumers start an item at once (they share B's stages), so a load waited for there idled the tensor
-    cores."""
+    one product in registers at a time)."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
-    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     # the column scales are loaded one per thread, then spread to the MMA layout (whose threads hold 32
     # columns each: 32 pointers per thread, which spilled)
@@ -124,26 +96,25 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
         # the MMAs take the last product as their (unread: use_acc=False) accumulator, so no tile of zeros
         # stays live beside the two accumulators (`fp8_rows_ws_gluon._consumer`)
         prod = zero
-    pid = gl.program_id(0)
-    G = gl.num_programs(0)
-    # the first item's indices and first scales (indices clamped into range: a program past the last item
-    # loads a real one's and runs no loop)
-    expert, first, count, pid_m, pid_n = _item(gl.minimum(pid, num_items - 1), tiles_m, tiles_n, expert_slot_ptr,
-                                               first_tile_ptr, offsets_ptr)
-    sa_off, sb_off, rows_ok, cols_ok = _scale_offsets(pid_m, pid_n, M, N, stride_sa, stride_sb, HALF, row_layout,
-                                                      col_layout)
-    sa_next, sa2_next, sb_next = _load_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_off, sb_off, rows_ok,
-                                              cols_ok, first, DUAL)
     it = 0
-    for item in range(pid, num_items, G):
-        n_expert, n_first, n_count, n_pid_m, n_pid_n = _item(gl.minimum(item + G, num_items - 1), tiles_m, tiles_n,
-                                                             expert_slot_ptr, first_tile_ptr, offsets_ptr)
-        sa_off, sb_off, rows_ok, cols_ok = _scale_offsets(pid_m, pid_n, M, N, stride_sa, stride_sb, HALF,
-                                                          row_layout, col_layout)
+    for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
+        expert, first, count, pid_m, pid_n = _item(item, tiles_m, tiles_n, expert_slot_ptr, first_tile_ptr,
+                                                   offsets_ptr)
+        rows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, mma_layout))
+        cols = pid_n * 128 + gl.arange(0, 128, layout=col_layout)
+        sa_off = rows * stride_sa  # int32: a scale matrix has rows x tiles entries, far below 2^31
+        sb_off = cols * stride_sb
+        rows_ok = rows < M
+        cols_ok = cols < N
         acc = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
+        # each token tile's scales are loaded one tile ahead (their latency would outlast the MMA); an empty
+        # expert loads tile `first` once, in range, and uses nothing
+        sa_next = gl.load(a_scale_ptr + sa_off + first, mask=rows_ok, other=0.0)
+        sb_next = gl.load(b_scale_ptr + sb_off + first, mask=cols_ok, other=0.0)
         if DUAL:
             acc2 = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
-        last = first + count - 1
+            sa2_next = gl.load(a2_scale_ptr + sa_off + first, mask=rows_ok, other=0.0)
+        last = first + gl.maximum(count, 1) - 1
         for t in range(first, first + count):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
@@ -154,16 +125,13 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
                 prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero,
                                      use_acc=False, is_async=True)
             sa = sa_next
-            sa2 = sa2_next
             sb = gl.convert_layout(sb_next, gl.SliceLayout(0, mma_layout))
-            if t < last:
-                sa_next, sa2_next, sb_next = _load_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_off, sb_off,
-                                                          rows_ok, cols_ok, t + 1, DUAL)
-            else:  # the next item's first token tile
-                n_sa_off, n_sb_off, n_rows_ok, n_cols_ok = _scale_offsets(n_pid_m, n_pid_n, M, N, stride_sa,
-                                                                          stride_sb, HALF, row_layout, col_layout)
-                sa_next, sa2_next, sb_next = _load_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, n_sa_off, n_sb_off,
-                                                          n_rows_ok, n_cols_ok, n_first, DUAL)
+            t_next = gl.minimum(t + 1, last)
+            sa_next = gl.load(a_scale_ptr + sa_off + t_next, mask=rows_ok, other=0.0)
+            sb_next = gl.load(b_scale_ptr + sb_off + t_next, mask=cols_ok, other=0.0)
+            if DUAL:
+                sa2 = sa2_next
+                sa2_next = gl.load(a2_scale_ptr + sa_off + t_next, mask=rows_ok, other=0.0)
             prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
             if not DUAL:
                 mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
@@ -178,16 +146,10 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
                 mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
                 acc2 += prod * sa2[:, None] * sb[None, :]
             it += 1
-        if count == 0:  # an expert without rows (zeros stored): the next item's first scales here
-            n_sa_off, n_sb_off, n_rows_ok, n_cols_ok = _scale_offsets(n_pid_m, n_pid_n, M, N, stride_sa, stride_sb,
-                                                                      HALF, row_layout, col_layout)
-            sa_next, sa2_next, sb_next = _load_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, n_sa_off, n_sb_off,
-                                                      n_rows_ok, n_cols_ok, n_first, DUAL)
         scols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, store_layout))
         _store_tile(c_ptr, acc, expert, pid_m, M, N, scols, HALF, store_layout)
         if DUAL:
             _store_tile(c2_ptr, acc2, expert, pid_m, M, N, scols, HALF, store_layout)
-        expert, first, count, pid_m, pid_n = n_expert, n_first, n_count, n_pid_m, n_pid_n
 
 
 @gluon.jit
