@@ -190,7 +190,7 @@ def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
     return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages, BLOCK_N=block_n)
 
 
-def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, consumer_regs: int | None = None):
+def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False):
     """The persistent warp-specialised Gluon block-FP8 weight gradient (`fp8_wgrad_ws_gluon`), as it launches."""
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
     from titan_megamoe.kernels import fp8_wgrad_ws_gluon as wg
@@ -200,9 +200,7 @@ def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, consu
            **_types("a_scale_ptr a2_scale_ptr b_scale_ptr", "*fp32"),
            **_types("expert_slot_ptr first_tile_ptr offsets_ptr", "*i32"), **_types("c_ptr c2_ptr", f"*{out}"),
            **_types("num_items tiles_m tiles_n M N stride_sa stride_sb", "i32")}
-    if consumer_regs is None:
-        consumer_regs = wg.consumer_regs(dual)
-    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, consumer_regs, DUAL=dual)
+    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, wg.consumer_regs(dual), DUAL=dual)
 
 
 def _compile_ws(fn, sig: dict, stages: int, consumer_regs: int | None = None, **constexprs) -> dict:
@@ -210,9 +208,9 @@ def _compile_ws(fn, sig: dict, stages: int, consumer_regs: int | None = None, **
     launcher passes (`fp8_rows_ws_gluon.ws_options`); pointers and i32 arguments 16-byte divisible."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from titan_megamoe.kernels.fp8_rows_ws_gluon import ws_options
+    from titan_megamoe.kernels.fp8_rows_ws_gluon import CONSUMER_REGS, ws_options
 
-    opts = ws_options(stages) if consumer_regs is None else ws_options(stages, consumer_regs)
+    opts = ws_options(stages, consumer_regs or CONSUMER_REGS)
     num_warps, maxnreg = opts.pop("num_warps"), opts.pop("maxnreg")
     aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
     return compile_sm90(fn, sig, {**constexprs, **opts}, aligned, num_warps, 1, source=GluonASTSource,

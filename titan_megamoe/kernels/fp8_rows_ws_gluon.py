@@ -78,7 +78,9 @@ def ring_done(ready, empty, STAGES: gl.constexpr):
 @gluon.jit
 def row_item(item, num_items, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr):
     """`plan_row_tile` of a 128-row item, clamped into range (the item after a program's last one reads the
-    last item's indices and is never run)."""
+    last item's indices and is never run). Every partition loads each item's indices one item ahead through
+    it: both consumers start an item at once (they share the weight tiles), so a load chain waited for
+    there idled the tensor cores."""
     return plan_row_tile(gl.minimum(item, num_items - 1), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
                          2 * HALF_M, 1)
 
@@ -90,8 +92,6 @@ def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, 
     barrier counts as freed: the first pass waits on phase 1). `it` counts K blocks across items, as the
     consumers' does, so stages and phases run on from one item to the next."""
     it = 0
-    # each item's indices are loaded one item ahead (`row_item`): both consumers start an item at once
-    # (they share the weight tiles), so a load chain waited for there idled the tensor cores
     expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
                                             offsets_ptr)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -134,8 +134,6 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
         # `zero` there instead, the sm_90 compile kept a tile of zeros beside two accumulators and spilled
         prod = zero
     it = 0
-    # each item's indices are loaded one item ahead (`row_item`): both consumers start an item at once
-    # (they share the weight tiles), so a load chain waited for there idled the tensor cores
     expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
                                             offsets_ptr)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
