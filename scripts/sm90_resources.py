@@ -190,8 +190,11 @@ def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
     return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages, BLOCK_N=block_n)
 
 
-def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False):
+def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_store: bool = False):
     """The persistent warp-specialised Gluon block-FP8 weight gradient (`fp8_wgrad_ws_gluon`), as it launches."""
+    from triton.experimental import gluon  # noqa: F401  (gl below)
+    from triton.experimental.gluon import language as gl
+
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
     from titan_megamoe.kernels import fp8_wgrad_ws_gluon as wg
 
@@ -200,7 +203,11 @@ def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False):
            **_types("a_scale_ptr a2_scale_ptr b_scale_ptr", "*fp32"),
            **_types("expert_slot_ptr first_tile_ptr offsets_ptr", "*i32"), **_types("c_ptr c2_ptr", f"*{out}"),
            **_types("num_items tiles_m tiles_n M N stride_sa stride_sb", "i32")}
-    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, wg.consumer_regs(dual), DUAL=dual)
+    if tma_store:
+        gl_out = {"bf16": gl.bfloat16, "fp32": gl.float32}[out]
+        layout = gl.NVMMASharedLayout.get_default_for([ws.HALF_M.value, 128], gl_out)
+        sig.update(_types("c_desc c2_desc", f"tensordesc<{out}[{ws.HALF_M.value}, 128],{layout!r}>"))
+    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, wg.consumer_regs(dual), DUAL=dual, TMA_STORE=tma_store)
 
 
 def _compile_ws(fn, sig: dict, stages: int, consumer_regs: int | None = None, **constexprs) -> dict:

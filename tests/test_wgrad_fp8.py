@@ -240,12 +240,17 @@ GLUON_WS = TileConfig(128, 128, 128, 8, 4, tma=True, gluon=True, warp_specialize
 
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRET or not CUDA, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
-@pytest.mark.parametrize("case", ["segments", "empty", "outliers", "zero_rows", "skewed"]
+@pytest.mark.parametrize("case", ["segments", "empty", "outliers", "zero_rows", "skewed", "d128_h256"]
                          + (["gpu_d2048_h768"] if CUDA and not INTERPRET else []))
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_wgrad_fp8_gluon_ws(case, out_dtype):
+@pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma_store"])
+def test_wgrad_fp8_gluon_ws(case, out_dtype, tma_store, monkeypatch):
     """The Gluon kernel under the same error bounds as the Triton kernel: ragged M and N edges, empty
-    experts (zeros stored), outliers, all-zero rows, skewed routing; every element written (poisoned)."""
+    experts (zeros stored), outliers, all-zero rows, skewed routing; every element written (poisoned); the
+    tiles stored by the consumers or through TMA (where M and N are multiples of 128; elsewhere the former)."""
+    from titan_megamoe.kernels import fp8_wgrad_ws_gluon as ws
+
+    monkeypatch.setattr(ws, "TMA_STORE", tma_store)
     p = _problem(case, seed=3)
     _run_w2(p, out_dtype, GLUON_WS)
     _run_w13(p, out_dtype, GLUON_WS)
@@ -278,8 +283,13 @@ def test_gluon_ws_launcher_host_path(monkeypatch):
         assert args[3] is a.scale and args[4] is (a2 or a).scale and args[5] is b.scale
         assert torch.equal(args[6], plan.experts_by_load) and torch.equal(args[7], plan.expert_first_tile)
         assert args[8] is plan.offsets_E1 and args[9] is outs[0] and args[10] is outs[-1]
-        assert args[11:16] == (items, triton.cdiv(M, 128), triton.cdiv(N, 128), M, N)
-        assert args[16:18] == (a.scale.stride(0), b.scale.stride(0))
+        assert args[11:13] == (None, None) and seen["kw"]["TMA_STORE"] is False  # ws.TMA_STORE off
+        assert args[13:18] == (items, triton.cdiv(M, 128), triton.cdiv(N, 128), M, N)
+        assert args[18:20] == (a.scale.stride(0), b.scale.stride(0))
+        ws.fp8_wgrad_ws(a, a2, b, plan, outs, stages=5, tma_store=True)  # descriptors over the outputs' 64-row halves
+        assert seen["kw"]["TMA_STORE"] is (M % 128 == 0 and N % 128 == 0)
+        if seen["kw"]["TMA_STORE"]:
+            assert [list(d.block_shape) for d in seen["args"][11:13]] == [[64, 128], [64, 128]]
         assert seen["kw"]["STAGES"] == 5 and seen["kw"]["maxnreg"] == 168
         assert seen["kw"]["DUAL"] == (a2 is not None) and seen["kw"]["CONSUMER_REGS"] == (232 if a2 is None else 240)
 

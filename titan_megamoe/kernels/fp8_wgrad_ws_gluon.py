@@ -23,13 +23,19 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load
+from .fp8_rows_gluon import SCALE_BLOCK, _cta_barrier, _descriptor, _tma_load
+from .common import tma_ok
 from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, launch_ws, ring, ring_done
+
+# the tiles' store: TMA from shared memory (asynchronous: the consumer goes on while it runs) or the
+# consumers' own stores from registers (`fp8_wgrad_ws`'s `tma_store`)
+TMA_STORE = False
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
 
 
 @gluon.jit
@@ -79,9 +85,21 @@ def _store_tile(c_ptr, acc, expert, pid_m, M, N, scols, HALF: gl.constexpr, stor
 
 
 @gluon.jit
+def _store_tile_tma(c_desc, c_smem, acc, expert, pid_m, pid_n, M, HALF: gl.constexpr):
+    """The tile through shared memory and an asynchronous TMA store: the consumer goes on to its next item
+    while the copy runs, waiting only before it reuses the buffer (the previous store's read of it)."""
+    tma.store_wait(0)
+    _cta_barrier()  # the store was issued by one thread: every thread past its wait before the buffer is written
+    c_smem.store(acc.to(c_desc.dtype))
+    fence_async_shared()  # the writes visible to the TMA unit
+    _cta_barrier()  # every thread's part written before the copy is issued
+    tma.async_copy_shared_to_global(c_desc, [expert * M + pid_m * 128 + HALF * HALF_M, pid_n * 128], c_smem)
+
+
+@gluon.jit
 def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, first_tile_ptr,
-              offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N, stride_sa, stride_sb,
-              HALF: gl.constexpr, DUAL: gl.constexpr, STAGES: gl.constexpr):
+              offsets_ptr, c_ptr, c2_ptr, c_desc, c2_desc, c_smem, num_items, tiles_m, tiles_n, M, N, stride_sa,
+              stride_sb, HALF: gl.constexpr, DUAL: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr):
     """Output rows HALF * 64 .. HALF * 64 + 63 of every item's 128 x 128 tile (DUAL: of C and C2, one
     accumulator each: per token tile the MMA with A's half, its promotion, then the one with A2's half;
     one product in registers at a time)."""
@@ -146,25 +164,36 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
                 mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
                 acc2 += prod * sa2[:, None] * sb[None, :]
             it += 1
-        scols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, store_layout))
-        _store_tile(c_ptr, acc, expert, pid_m, M, N, scols, HALF, store_layout)
-        if DUAL:
-            _store_tile(c2_ptr, acc2, expert, pid_m, M, N, scols, HALF, store_layout)
+        if TMA_STORE:
+            _store_tile_tma(c_desc, c_smem.index(HALF), acc, expert, pid_m, pid_n, M, HALF)
+            if DUAL:
+                _store_tile_tma(c2_desc, c_smem.index(HALF), acc2, expert, pid_m, pid_n, M, HALF)
+        else:
+            scols = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, store_layout))
+            _store_tile(c_ptr, acc, expert, pid_m, M, N, scols, HALF, store_layout)
+            if DUAL:
+                _store_tile(c2_ptr, acc2, expert, pid_m, M, N, scols, HALF, store_layout)
+    if TMA_STORE:
+        tma.store_wait(0)  # the last tile's copy has read the buffer before the program (and its memory) ends
 
 
 @gluon.jit
 def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
-                         first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N,
-                         stride_sa, stride_sb, DUAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr):
+                         first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc, c2_desc, num_items, tiles_m, tiles_n, M,
+                         N, stride_sa, stride_sb, DUAL: gl.constexpr, TMA_STORE: gl.constexpr, STAGES: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     a_smem, b_smem, ready, empty = ring(a_desc, b_desc, 128, STAGES, 2 if DUAL else 1)
+    if TMA_STORE:  # one output buffer per consumer: its 64 rows of a tile
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [2, HALF_M, 128], c_desc.layout)
+    else:
+        c_smem = a_smem
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
-                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N,
-                     stride_sa, stride_sb, 0, DUAL, STAGES)),
+                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc, c2_desc, c_smem, num_items, tiles_m,
+                     tiles_n, M, N, stride_sa, stride_sb, 0, DUAL, STAGES, TMA_STORE)),
         (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
-                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, num_items, tiles_m, tiles_n, M, N,
-                     stride_sa, stride_sb, 1, DUAL, STAGES)),
+                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc, c2_desc, c_smem, num_items, tiles_m,
+                     tiles_n, M, N, stride_sa, stride_sb, 1, DUAL, STAGES, TMA_STORE)),
         (_producer, (a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr,
                      offsets_ptr, num_items, tiles_m, tiles_n, DUAL, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -179,10 +208,12 @@ def consumer_regs(dual: bool) -> int:
 
 
 def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: RoutingPlan, outs: list[torch.Tensor],
-                 stages: int = 4) -> None:
+                 stages: int = 4, tma_store: bool | None = None) -> None:
     """`wgrad._launch_fp8`'s work from the persistent warp-specialised kernel: outs[0][e] = sum over e's token
     tiles of A B^T (dequantized), outs[-1] likewise with A2 when given (the same items: B's tile read once
-    for both). a, a2: token tiles [M, P]; b: [N, P]; outs: [E, M, N] each, every element written."""
+    for both). a, a2: token tiles [M, P]; b: [N, P]; outs: [E, M, N] each, every element written.
+    `tma_store` (None: `TMA_STORE`): the tiles leave through shared memory and TMA (`_store_tile_tma`), where
+    the outputs allow it (M and N multiples of 128, contiguous), else by the consumers' own stores."""
     M, N, E = a.data.shape[0], b.data.shape[0], plan.layout.num_experts
     assert plan.layout.block_m == SCALE_BLOCK and a.scale.stride(1) == b.scale.stride(1) == 1
     dual = a2 is not None
@@ -191,7 +222,10 @@ def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: R
     items = E * tiles_m * tiles_n
     a_desc = _descriptor(a.data, HALF_M.value)
     a2_desc = _descriptor(a2.data, HALF_M.value) if dual else a_desc
+    tma_store = (TMA_STORE if tma_store is None else tma_store) and M % 128 == 0 and N % 128 == 0 \
+        and tma_ok(*outs)
+    c_descs = [_descriptor(c, HALF_M.value, _GL_DTYPES[c.dtype]) if tma_store else None for c in (outs[0], outs[-1])]
     launch_ws(_fp8_wgrad_ws_kernel, items, a.data.device, stages, a_desc, a2_desc, _descriptor(b.data, 128), a.scale,
               (a2 if dual else a).scale, b.scale, plan.experts_by_load, plan.expert_first_tile, plan.offsets_E1,
-              outs[0], outs[-1], items, tiles_m, tiles_n, M, N, a.scale.stride(0), b.scale.stride(0), DUAL=dual,
-              consumer_regs=consumer_regs(dual))
+              outs[0], outs[-1], *c_descs, items, tiles_m, tiles_n, M, N, a.scale.stride(0), b.scale.stride(0),
+              DUAL=dual, TMA_STORE=tma_store, consumer_regs=consumer_regs(dual))
