@@ -190,7 +190,8 @@ def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
     return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages, BLOCK_N=block_n)
 
 
-def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_store: bool = False):
+def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_store: bool = False,
+                   staged_scales: bool = False):
     """The persistent warp-specialised Gluon block-FP8 weight gradient (`fp8_wgrad_ws_gluon`), as it launches."""
     from triton.experimental import gluon  # noqa: F401  (gl below)
     from triton.experimental.gluon import language as gl
@@ -207,17 +208,20 @@ def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_s
         gl_out = {"bf16": gl.bfloat16, "fp32": gl.float32}[out]
         layout = gl.NVMMASharedLayout.get_default_for([ws.HALF_M.value, 128], gl_out)
         sig.update(_types("c_desc c2_desc", f"tensordesc<{out}[{ws.HALF_M.value}, 128],{layout!r}>"))
-    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, wg.consumer_regs(dual), DUAL=dual, TMA_STORE=tma_store)
+    worker, producer = wg.ws_regs(dual, staged_scales)
+    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, worker, producer, DUAL=dual, TMA_STORE=tma_store,
+                       STAGED_SCALES=staged_scales)
 
 
-def _compile_ws(fn, sig: dict, stages: int, consumer_regs: int | None = None, **constexprs) -> dict:
+def _compile_ws(fn, sig: dict, stages: int, consumer_regs: int | None = None, producer_regs: int | None = None,
+                **constexprs) -> dict:
     """A persistent warp-specialised Gluon kernel compiled with the constexprs and launch options its
     launcher passes (`fp8_rows_ws_gluon.ws_options`); pointers and i32 arguments 16-byte divisible."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from titan_megamoe.kernels.fp8_rows_ws_gluon import CONSUMER_REGS, ws_options
+    from titan_megamoe.kernels.fp8_rows_ws_gluon import CONSUMER_REGS, PRODUCER_REGS, ws_options
 
-    opts = ws_options(stages, consumer_regs or CONSUMER_REGS)
+    opts = ws_options(stages, consumer_regs or CONSUMER_REGS, producer_regs or PRODUCER_REGS)
     num_warps, maxnreg = opts.pop("num_warps"), opts.pop("maxnreg")
     aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
     return compile_sm90(fn, sig, {**constexprs, **opts}, aligned, num_warps, 1, source=GluonASTSource,

@@ -243,14 +243,17 @@ GLUON_WS = TileConfig(128, 128, 128, 8, 4, tma=True, gluon=True, warp_specialize
 @pytest.mark.parametrize("case", ["segments", "empty", "outliers", "zero_rows", "skewed", "d128_h256"]
                          + (["gpu_d2048_h768"] if CUDA and not INTERPRET else []))
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("tma_store", [False, True], ids=["stores", "tma_store"])
-def test_wgrad_fp8_gluon_ws(case, out_dtype, tma_store, monkeypatch):
+@pytest.mark.parametrize("tma_store, staged_scales", [(False, False), (True, True), (False, True)],
+                         ids=["stores", "tma_store+staged", "staged"])
+def test_wgrad_fp8_gluon_ws(case, out_dtype, tma_store, staged_scales, monkeypatch):
     """The Gluon kernel under the same error bounds as the Triton kernel: ragged M and N edges, empty
     experts (zeros stored), outliers, all-zero rows, skewed routing; every element written (poisoned); the
-    tiles stored by the consumers or through TMA (where M and N are multiples of 128; elsewhere the former)."""
+    tiles stored by the consumers or through TMA (where M and N are multiples of 128; elsewhere the former),
+    the scales loaded by the consumers or staged in shared memory by the producer."""
     from titan_megamoe.kernels import fp8_wgrad_ws_gluon as ws
 
     monkeypatch.setattr(ws, "TMA_STORE", tma_store)
+    monkeypatch.setattr(ws, "STAGED_SCALES", staged_scales)
     p = _problem(case, seed=3)
     _run_w2(p, out_dtype, GLUON_WS)
     _run_w13(p, out_dtype, GLUON_WS)
@@ -292,6 +295,7 @@ def test_gluon_ws_launcher_host_path(monkeypatch):
             assert [list(d.block_shape) for d in seen["args"][11:13]] == [[64, 128], [64, 128]]
         assert seen["kw"]["STAGES"] == 5 and seen["kw"]["maxnreg"] == 168
         assert seen["kw"]["DUAL"] == (a2 is not None) and seen["kw"]["CONSUMER_REGS"] == (232 if a2 is None else 240)
+        assert seen["kw"]["STAGED_SCALES"] is False and seen["kw"]["PRODUCER_REGS"] == 24  # ws.STAGED_SCALES off
 
 
 def test_wgrad_fp8_no_rows():

@@ -233,16 +233,18 @@ def consumer_regs(block_n: int) -> int:
     return 240 if block_n > 128 else CONSUMER_REGS
 
 
-def ws_options(stages: int, consumer_regs: int = CONSUMER_REGS) -> dict:
+def ws_options(stages: int, consumer_regs: int = CONSUMER_REGS, producer_regs: int = PRODUCER_REGS) -> dict:
     """The constexprs and launch options every persistent warp-specialised kernel here takes: the ring's
-    stages, the partitions' registers (`consumer_regs`: the worker consumer's; the default partition gets
-    what the worker and the producer leave), 4 warps in the default partition, the register cap at launch."""
-    return dict(STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=PRODUCER_REGS, num_warps=4,
+    stages, the partitions' registers (`consumer_regs`: the worker consumer's, `producer_regs` the producer
+    warp's; the default partition gets what those two leave), 4 warps in the default partition, the
+    register cap at launch."""
+    return dict(STAGES=stages, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, num_warps=4,
                 maxnreg=MAXNREG)
 
 
 def launch_ws(kernel, items: int, device: torch.device, stages: int, *args, consumer_regs: int = CONSUMER_REGS,
-              **constexprs) -> None:
+              producer_regs: int = PRODUCER_REGS, **constexprs) -> None:
     """Launch a persistent warp-specialised kernel over `items` work items: one program per multiprocessor
     (fewer where there are fewer items), each walking the items with a stride of the grid."""
-    launch(kernel, (min(items, multiprocessors(device)),), *args, **constexprs, **ws_options(stages, consumer_regs))
+    launch(kernel, (min(items, multiprocessors(device)),), *args, **constexprs,
+           **ws_options(stages, consumer_regs, producer_regs))
