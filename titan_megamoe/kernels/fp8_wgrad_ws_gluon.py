@@ -23,6 +23,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
@@ -58,19 +59,22 @@ def _item(item, tiles_m, tiles_n, expert_slot_ptr, first_tile_ptr, offsets_ptr):
 
 
 @gluon.jit
-def _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_smem, s, t, pid_m, pid_n, M, N,
-                  stride_sa, stride_sb, DUAL: gl.constexpr):
+def _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_smem, bar, s, t, pid_m, pid_n, M,
+                  N, stride_sa, stride_sb, DUAL: gl.constexpr):
     """Token tile t's scales of an item's 128 A rows (A2's too with DUAL) and 128 B rows into stage s's
-    buffers (zeros past M and N), loaded by the producer warp, which runs stages ahead of the consumers."""
+    buffers (zeros past M and N) by asynchronous copies that `bar` (the stage's ready barrier) waits for:
+    the producer warp issues them and goes on, as it does its TMA loads."""
     layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
     i = gl.arange(0, 128, layout=layout)
     rows = pid_m * 128 + i
     cols = pid_n * 128 + i
     # int32 offsets: a scale matrix has rows x tiles entries, far below 2^31
-    sa_smem.index(s).store(gl.load(a_scale_ptr + rows * stride_sa + t, mask=rows < M, other=0.0))
+    async_copy.async_copy_global_to_shared(sa_smem.index(s), a_scale_ptr + rows * stride_sa + t, mask=rows < M)
     if DUAL:
-        sa2_smem.index(s).store(gl.load(a2_scale_ptr + rows * stride_sa + t, mask=rows < M, other=0.0))
-    sb_smem.index(s).store(gl.load(b_scale_ptr + cols * stride_sb + t, mask=cols < N, other=0.0))
+        async_copy.async_copy_global_to_shared(sa2_smem.index(s), a2_scale_ptr + rows * stride_sa + t, mask=rows < M)
+    async_copy.async_copy_global_to_shared(sb_smem.index(s), b_scale_ptr + cols * stride_sb + t, mask=cols < N)
+    # counted on the barrier before the arrival that expects the TMA bytes, so the phase waits for both
+    async_copy.mbarrier_arrive(bar)
 
 
 @gluon.jit
@@ -85,11 +89,10 @@ def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot
         for t in range(first, first + count):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-            if STAGED_SCALES:
-                # stored before the arrival below, which releases them to the consumers' wait on ready[s]
-                _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_smem, s, t, pid_m,
-                              pid_n, M, N, stride_sa, stride_sb, DUAL)
             bar = ready.index(s)
+            if STAGED_SCALES:
+                _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_smem, bar, s, t, pid_m,
+                              pid_n, M, N, stride_sa, stride_sb, DUAL)
             mbarrier.expect(bar, 2 * A_TILES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             _tma_load(a_desc, [pid_m * 128, t * 128], bar, a_smem.index(2 * A_TILES * s))
             _tma_load(a_desc, [pid_m * 128 + HALF_M, t * 128], bar, a_smem.index(2 * A_TILES * s + 1))
@@ -248,11 +251,8 @@ def ws_regs(dual: bool, staged_scales: bool) -> tuple[int, int]:
     """(worker consumer, producer) registers per thread; the default consumer gets the rest of 512 (65536 /
     128 threads per warpgroup). DUAL's two accumulators, the product and the 32 column scales a thread
     applies need ~245 during dW3's promotion (at 232 the sm_90 compile spilled 112 bytes). The producer
-    that stages the scales (`staged_scales`) holds their addresses and values: 48 (DUAL: 32, so that both
-    consumers keep 240)."""
-    if not staged_scales:
-        return (240 if dual else CONSUMER_REGS), PRODUCER_REGS
-    return (240, 32) if dual else (216, 48)
+    that stages the scales (`staged_scales`) computes their addresses: 32."""
+    return (240 if dual else CONSUMER_REGS), (32 if staged_scales else PRODUCER_REGS)
 
 
 def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: RoutingPlan, outs: list[torch.Tensor],
