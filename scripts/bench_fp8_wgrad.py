@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Block-FP8 expert weight gradients: the persistent warp-specialised Gluon kernel's variants
 (`kernels.fp8_wgrad_ws_gluon`: ring stages, DUAL or separate dW1/dW3 items, the tiles stored by the consumers
-or through shared memory and TMA, the scales loaded by the consumers or staged by the producer) against the Triton kernel, same operands, same process (needs CUDA).
+or through shared memory and TMA) against the Triton kernel, same operands, same process (needs CUDA).
 
 dW2 = dout^T (s*h) and dW1, dW3 = dg^T x, du^T x per expert at Qwen3-30B-A3B and 235B-A22B shapes, T=16384,
 K=8, random top-k routing, on token tiles made by the package's own kernels (`tune.problem.make_problem_fp8`).
@@ -26,11 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import environment, result_path  # noqa: E402
 
 SHAPES = {"30b": (2048, 768, 128, 8, 16384), "235b": (4096, 1536, 128, 8, 16384)}  # D, H, E, K, T
-# (name, dual, stages, tma_store, staged_scales); dW2 takes the non-DUAL ones
-VARIANTS = [("ws s4", False, 4, False, False), ("ws s4 tma-store", False, 4, True, False),
-            ("ws s4 staged-scales", False, 4, False, True), ("ws s4 tma-store staged-scales", False, 4, True, True),
-            ("ws s5 tma-store staged-scales", False, 5, True, True), ("dual s3 tma-store", True, 3, True, False),
-            ("dual s3 tma-store staged-scales", True, 3, True, True)]
+# (name, dual, stages, tma_store); dW2 takes the non-DUAL ones
+VARIANTS = [("ws s4", False, 4, False), ("ws s4 tma-store", False, 4, True), ("ws s5 tma-store", False, 5, True),
+            ("dual s3", True, 3, False), ("dual s3 tma-store", True, 3, True), ("dual s4", True, 4, False)]
 
 
 def main():
@@ -85,13 +83,13 @@ def main():
                    "triton_tflops": flop / (t_us * 1e-6) / 1e12, "triton_nan": any(bool(r.isnan().any()) for r in ref),
                    "gluon": []}
             print(f"{shape} {name}: triton {t_us:.1f} us ({row['triton_tflops']:.0f} TFLOP/s)", flush=True)
-            for vname, dual, stages, tma_store, staged in variants:
+            for vname, dual, stages, tma_store in variants:
                 if A2 is None and dual:
                     continue
-                rec = {"variant": vname, "dual": dual, "stages": stages, "tma_store": tma_store, "staged_scales": staged}
+                rec = {"variant": vname, "dual": dual, "stages": stages, "tma_store": tma_store}
                 outs = [torch.full((E, M, Nc), float("nan"), dtype=bf, device="cuda") for _ in range(n_grads)]
 
-                def call(outs=outs, dual=dual, kw=dict(stages=stages, tma_store=tma_store, staged_scales=staged)):
+                def call(outs=outs, dual=dual, kw=dict(stages=stages, tma_store=tma_store)):
                     if A2 is None or dual:
                         fp8_wgrad_ws(A, A2, B, plan, outs, **kw)
                     else:  # dW1 and dW3 as separate launches, each over x's tiles

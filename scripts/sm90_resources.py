@@ -190,8 +190,7 @@ def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
     return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages, BLOCK_N=block_n)
 
 
-def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_store: bool = False,
-                   staged_scales: bool = False):
+def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_store: bool = True):
     """The persistent warp-specialised Gluon block-FP8 weight gradient (`fp8_wgrad_ws_gluon`), as it launches."""
     from triton.experimental import gluon  # noqa: F401  (gl below)
     from triton.experimental.gluon import language as gl
@@ -208,9 +207,8 @@ def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_s
         gl_out = {"bf16": gl.bfloat16, "fp32": gl.float32}[out]
         layout = gl.NVMMASharedLayout.get_default_for([ws.HALF_M.value, 128], gl_out)
         sig.update(_types("c_desc c2_desc", f"tensordesc<{out}[{ws.HALF_M.value}, 128],{layout!r}>"))
-    worker, producer = wg.ws_regs(dual, staged_scales)
-    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, worker, producer, DUAL=dual, TMA_STORE=tma_store,
-                       STAGED_SCALES=staged_scales)
+    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, wg.consumer_regs(dual), wg.PRODUCER_REGS, DUAL=dual,
+                       TMA_STORE=tma_store)
 
 
 def _compile_ws(fn, sig: dict, stages: int, consumer_regs: int | None = None, producer_regs: int | None = None,

@@ -31,15 +31,12 @@ from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .fp8_rows_gluon import SCALE_BLOCK, _cta_barrier, _descriptor, _tma_load
 from .common import tma_ok
-from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, PRODUCER_REGS, launch_ws, ring, ring_done
+from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, launch_ws, ring, ring_done
 
 # the tiles' store: TMA from shared memory (asynchronous: the consumer goes on while it runs) or the
-# consumers' own stores from registers (`fp8_wgrad_ws`'s `tma_store`)
-TMA_STORE = False
-# each token tile's scales: staged in shared memory by the producer, or loaded by each consumer one tile ahead
-STAGED_SCALES = False
-SMEM_LIMIT = 232448  # bytes of shared memory a program may have on sm_90
-SMEM_SPARE = 8192  # the barriers, the scales' stages and the compiler's scratch beside the ring and outputs
+# consumers' own stores from registers (`fp8_wgrad_ws`'s `tma_store`; H100, 30B-A3B dW2 at 4 stages: 0.737
+# against 0.754 ms, bench_fp8_wgrad_20261206T120352.json)
+TMA_STORE = True
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
 
 
@@ -80,7 +77,7 @@ def _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_
 @gluon.jit
 def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr, offsets_ptr,
               num_items, tiles_m, tiles_n, a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_smem, M, N,
-              stride_sa, stride_sb, DUAL: gl.constexpr, STAGES: gl.constexpr, STAGED_SCALES: gl.constexpr):
+              stride_sa, stride_sb, DUAL: gl.constexpr, STAGES: gl.constexpr):
     A_TILES: gl.constexpr = 2 if DUAL else 1
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
@@ -90,9 +87,8 @@ def _producer(a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = ready.index(s)
-            if STAGED_SCALES:
-                _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_smem, bar, s, t, pid_m,
-                              pid_n, M, N, stride_sa, stride_sb, DUAL)
+            _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_smem, bar, s, t, pid_m, pid_n,
+                          M, N, stride_sa, stride_sb, DUAL)
             mbarrier.expect(bar, 2 * A_TILES * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             _tma_load(a_desc, [pid_m * 128, t * 128], bar, a_smem.index(2 * A_TILES * s))
             _tma_load(a_desc, [pid_m * 128 + HALF_M, t * 128], bar, a_smem.index(2 * A_TILES * s + 1))
@@ -125,20 +121,16 @@ def _store_tile_tma(c_desc, c_smem, acc, expert, pid_m, pid_n, M, HALF: gl.const
 
 
 @gluon.jit
-def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr, first_tile_ptr,
-              offsets_ptr, c_ptr, c2_ptr, c_desc, c2_desc, c_smem, sa_smem, sa2_smem, sb_smem, num_items, tiles_m,
-              tiles_n, M, N, stride_sa, stride_sb, HALF: gl.constexpr, DUAL: gl.constexpr, STAGES: gl.constexpr,
-              TMA_STORE: gl.constexpr, STAGED_SCALES: gl.constexpr):
+def _consumer(a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc,
+              c2_desc, c_smem, sa_smem, sa2_smem, sb_smem, num_items, tiles_m, tiles_n, M, N, HALF: gl.constexpr,
+              DUAL: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr):
     """Output rows HALF * 64 .. HALF * 64 + 63 of every item's 128 x 128 tile (DUAL: of C and C2, one
     accumulator each: per token tile the MMA with A's half, its promotion, then the one with A2's half;
-    one product in registers at a time)."""
+    one product in registers at a time). The scales come with the stage (`_stage_scales`)."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, 128, 32])
     row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    # the column scales are loaded one per thread, then spread to the MMA layout (whose threads hold 32
-    # columns each: 32 pointers per thread, which spilled)
-    col_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     zero = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
     if DUAL:
         # the MMAs take the last product as their (unread: use_acc=False) accumulator, so no tile of zeros
@@ -151,20 +143,6 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
         acc = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
         if DUAL:
             acc2 = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
-        if not STAGED_SCALES:
-            rows = pid_m * 128 + HALF * HALF_M + gl.arange(0, HALF_M, layout=row_layout)
-            cols = pid_n * 128 + gl.arange(0, 128, layout=col_layout)
-            sa_off = rows * stride_sa  # int32: a scale matrix has rows x tiles entries, far below 2^31
-            sb_off = cols * stride_sb
-            rows_ok = rows < M
-            cols_ok = cols < N
-            # each token tile's scales are loaded one tile ahead (their latency would outlast the MMA); an
-            # empty expert loads tile `first` once, in range, and uses nothing
-            sa_next = gl.load(a_scale_ptr + sa_off + first, mask=rows_ok, other=0.0)
-            sb_next = gl.load(b_scale_ptr + sb_off + first, mask=cols_ok, other=0.0)
-            if DUAL:
-                sa2_next = gl.load(a2_scale_ptr + sa_off + first, mask=rows_ok, other=0.0)
-            last = first + gl.maximum(count, 1) - 1
         for t in range(first, first + count):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
@@ -174,20 +152,11 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
             else:
                 prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_smem.index(s).permute((1, 0)), zero,
                                      use_acc=False, is_async=True)
-            if STAGED_SCALES:  # the stage's scales, read before the stage is handed back
-                sa = sa_smem.index(s).slice(HALF * HALF_M, HALF_M).load(row_layout)
-                sb = sb_smem.index(s).load(gl.SliceLayout(0, mma_layout))
-                if DUAL:
-                    sa2 = sa2_smem.index(s).slice(HALF * HALF_M, HALF_M).load(row_layout)
-            else:
-                sa = sa_next
-                sb = gl.convert_layout(sb_next, gl.SliceLayout(0, mma_layout))
-                t_next = gl.minimum(t + 1, last)
-                sa_next = gl.load(a_scale_ptr + sa_off + t_next, mask=rows_ok, other=0.0)
-                sb_next = gl.load(b_scale_ptr + sb_off + t_next, mask=cols_ok, other=0.0)
-                if DUAL:
-                    sa2 = sa2_next
-                    sa2_next = gl.load(a2_scale_ptr + sa_off + t_next, mask=rows_ok, other=0.0)
+            # the stage's scales, read before the stage is handed back
+            sa = sa_smem.index(s).slice(HALF * HALF_M, HALF_M).load(row_layout)
+            sb = sb_smem.index(s).load(gl.SliceLayout(0, mma_layout))
+            if DUAL:
+                sa2 = sa2_smem.index(s).slice(HALF * HALF_M, HALF_M).load(row_layout)
             prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
             if not DUAL:
                 mbarrier.arrive(empty.index(s), count=1)  # one of the two arrivals that free the stage
@@ -218,9 +187,8 @@ def _consumer(a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_p
 @gluon.jit
 def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
                          first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc, c2_desc, num_items, tiles_m, tiles_n, M,
-                         N, stride_sa, stride_sb, DUAL: gl.constexpr, TMA_STORE: gl.constexpr,
-                         STAGED_SCALES: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr):
+                         N, stride_sa, stride_sb, DUAL: gl.constexpr, TMA_STORE: gl.constexpr, STAGES: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     a_smem, b_smem, ready, empty = ring(a_desc, b_desc, 128, STAGES, 2 if DUAL else 1)
     if TMA_STORE:  # one output buffer per consumer: its 64 rows of a tile
         c_smem = gl.allocate_shared_memory(c_desc.dtype, [2, HALF_M, 128], c_desc.layout)
@@ -232,43 +200,44 @@ def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_s
     sa2_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 128], scale_layout) if DUAL else sa_smem
     sb_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 128], scale_layout)
     gl.warp_specialize([
-        (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
-                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc, c2_desc, c_smem, sa_smem, sa2_smem, sb_smem,
-                     num_items, tiles_m, tiles_n, M, N, stride_sa, stride_sb, 0, DUAL, STAGES, TMA_STORE,
-                     STAGED_SCALES)),
-        (_consumer, (a_smem, b_smem, ready, empty, a_scale_ptr, a2_scale_ptr, b_scale_ptr, expert_slot_ptr,
-                     first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc, c2_desc, c_smem, sa_smem, sa2_smem, sb_smem,
-                     num_items, tiles_m, tiles_n, M, N, stride_sa, stride_sb, 1, DUAL, STAGES, TMA_STORE,
-                     STAGED_SCALES)),
+        (_consumer, (a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc,
+                     c2_desc, c_smem, sa_smem, sa2_smem, sb_smem, num_items, tiles_m, tiles_n, M, N, 0, DUAL, STAGES,
+                     TMA_STORE)),
+        (_consumer, (a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc,
+                     c2_desc, c_smem, sa_smem, sa2_smem, sb_smem, num_items, tiles_m, tiles_n, M, N, 1, DUAL, STAGES,
+                     TMA_STORE)),
         (_producer, (a_desc, a2_desc, b_desc, a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr,
                      offsets_ptr, num_items, tiles_m, tiles_n, a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem,
-                     sa2_smem, sb_smem, M, N, stride_sa, stride_sb, DUAL, STAGES, STAGED_SCALES)),
+                     sa2_smem, sb_smem, M, N, stride_sa, stride_sb, DUAL, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     ring_done(ready, empty, STAGES)
 
 
-def ws_regs(dual: bool, staged_scales: bool) -> tuple[int, int]:
-    """(worker consumer, producer) registers per thread; the default consumer gets the rest of 512 (65536 /
-    128 threads per warpgroup). DUAL's two accumulators, the product and the 32 column scales a thread
-    applies need ~245 during dW3's promotion (at 232 the sm_90 compile spilled 112 bytes). The producer
-    that stages the scales (`staged_scales`) computes their addresses: 32."""
-    return (240 if dual else CONSUMER_REGS), (32 if staged_scales else PRODUCER_REGS)
+def consumer_regs(dual: bool) -> int:
+    """The worker consumer's registers: DUAL's two accumulators, the product and the 32 column scales a
+    thread applies need ~245 during dW3's promotion; at 232 the sm_90 compile spilled 112 bytes. 240 leaves
+    the default consumer 240 (65536 / 128 threads - 240 - the producer's `PRODUCER_REGS`)."""
+    return 240 if dual else CONSUMER_REGS
+
+
+# the producer computes the scales' addresses for its asynchronous copies (`_stage_scales`): 32 registers
+PRODUCER_REGS = 32
+SMEM_LIMIT = 232448  # bytes of shared memory a program may have on sm_90
+SMEM_SPARE = 8192  # the barriers, the scales' stages and the compiler's scratch beside the ring and the outputs
 
 
 def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: RoutingPlan, outs: list[torch.Tensor],
-                 stages: int = 4, tma_store: bool | None = None, staged_scales: bool | None = None) -> None:
+                 stages: int = 4, tma_store: bool | None = None) -> None:
     """`wgrad._launch_fp8`'s work from the persistent warp-specialised kernel: outs[0][e] = sum over e's token
     tiles of A B^T (dequantized), outs[-1] likewise with A2 when given (the same items: B's tile read once
     for both). a, a2: token tiles [M, P]; b: [N, P]; outs: [E, M, N] each, every element written.
-    `tma_store` (None: `TMA_STORE`): the tiles leave through shared memory and TMA (`_store_tile_tma`), where
-    the outputs allow it (M and N multiples of 128, contiguous, and room in shared memory), else by the
-    consumers' own stores. `staged_scales` (None: `STAGED_SCALES`): the producer stages each token tile's
-    scales in shared memory with its operands (`_stage_scales`), else each consumer loads them one tile ahead."""
+    `tma_store` (None: `TMA_STORE`): the tiles leave through shared memory and TMA (`_store_tile_tma`) where
+    the outputs allow it (M and N multiples of 128, contiguous) and shared memory holds the buffers beside
+    the ring, else by the consumers' own stores."""
     M, N, E = a.data.shape[0], b.data.shape[0], plan.layout.num_experts
     assert plan.layout.block_m == SCALE_BLOCK and a.scale.stride(1) == b.scale.stride(1) == 1
     dual = a2 is not None
     assert not dual or a2.scale.stride() == a.scale.stride(), "A and A2 share their scales' layout"
-    staged_scales = STAGED_SCALES if staged_scales is None else staged_scales
     tiles_m, tiles_n = triton.cdiv(M, 2 * HALF_M.value), triton.cdiv(N, 128)
     items = E * tiles_m * tiles_n
     a_desc = _descriptor(a.data, HALF_M.value)
@@ -278,9 +247,7 @@ def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: R
     tma_store = (TMA_STORE if tma_store is None else tma_store) and M % 128 == 0 and N % 128 == 0 \
         and tma_ok(*outs) and ring_bytes + out_bytes + SMEM_SPARE <= SMEM_LIMIT
     c_descs = [_descriptor(c, HALF_M.value, _GL_DTYPES[c.dtype]) if tma_store else None for c in (outs[0], outs[-1])]
-    worker, producer = ws_regs(dual, staged_scales)
     launch_ws(_fp8_wgrad_ws_kernel, items, a.data.device, stages, a_desc, a2_desc, _descriptor(b.data, 128), a.scale,
               (a2 if dual else a).scale, b.scale, plan.experts_by_load, plan.expert_first_tile, plan.offsets_E1,
               outs[0], outs[-1], *c_descs, items, tiles_m, tiles_n, M, N, a.scale.stride(0), b.scale.stride(0),
-              DUAL=dual, TMA_STORE=tma_store, STAGED_SCALES=staged_scales, consumer_regs=worker,
-              producer_regs=producer)
+              DUAL=dual, TMA_STORE=tma_store, consumer_regs=consumer_regs(dual), producer_regs=PRODUCER_REGS)
