@@ -1,20 +1,25 @@
-"""Block-FP8 expert weight gradients in Gluon, persistent and warp-specialised: dW2 and dW1/dW3 (an
-experiment beside `wgrad`'s Triton kernel, launched where the tile config sets `gluon` and
-`warp_specialize`; GPU only).
+"""Block-FP8 expert weight gradients in Gluon, persistent and warp-specialised: dW2 and dW1/dW3 (launched
+where the tile config sets `gluon` and `warp_specialize`, the table's choice for both at the Qwen3 shapes
+since 2026-12-06; GPU only).
 
     C_e = sum over expert e's token tiles t of (A[:, t] * sa_t) (B[:, t] * sb_t)^T    (`wgrad` docstring)
 
 Operands in the token-tile layout (`quant.quantize_token_tiles`: e4m3 [rows, P], tokens contiguous, one
 fp32 scale per row and tile). `fp8_rows_ws_gluon`'s structure: a producer warp loads each K step (one
-token tile) of A's two 64-row halves and B's 128-row tile into a ring of stages; two consumer warpgroups
-take the halves of a 128 x 128 output tile, sharing B, and promote each tile's product into fp32 with its
-row and column scales (an outer product: sa per output row, sb per output column). An item is (expert
-slot, output row block, output column block), items of one expert next to each other, experts heaviest
-first (`RoutingPlan.experts_by_load`). An expert without rows stores zeros. dW1/dW3 (DUAL): one item
-computes both tiles over one x tile per stage (dg's and du's halves beside it, 48 KB a stage), each consumer
-keeping two accumulators and one product at a time (the promotion of dW1's product ordered before dW3's
-MMA). Before (2026-12-06) they were separate items that each read the x tile: 1.54 ms against the Triton
-kernel's 1.33 at 30B-A3B on an H100.
+token tile) of A's two 64-row halves and B's 128-row tile into a ring of stages, with that tile's scales of
+the item's rows (`_stage_scales`: asynchronous copies the stage's ready barrier counts); two consumer
+warpgroups take the halves of a 128 x 128 output tile, sharing B, and promote each tile's product into fp32
+with its row and column scales (an outer product: sa per output row, sb per output column), read from the
+stage. Each consumer's finished tile leaves through shared memory and an asynchronous TMA store
+(`_store_tile_tma`) while it goes on to its next item. An item is (expert slot, output row block, output
+column block), items of one expert next to each other, experts heaviest first
+(`RoutingPlan.experts_by_load`). An expert without rows stores zeros. dW1/dW3 (DUAL): one item computes
+both tiles over one x tile per stage (dg's and du's halves beside it, 48 KB a stage), each consumer keeping
+two accumulators and one product at a time (the promotion of dW1's product ordered before dW3's MMA).
+
+Why the scales come with the stage (docs/kernels.md, "Weight gradients: scales staged by the producer"):
+loaded by each consumer one token tile ahead, 128 scattered four-byte loads a step were not back within a
+step, and a quarter of the consumers' time went to waiting for them.
 """
 
 from __future__ import annotations
