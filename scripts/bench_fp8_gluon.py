@@ -62,7 +62,9 @@ def pinned(shape: str, kernel: str, call):
 VARIANTS = [
     (64, 128, 4, 3, False), (64, 128, 4, 4, False), (128, 128, 8, 3, False), (128, 128, 8, 4, False),
     (128, 128, 8, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 5, True),
-    (128, 256, 8, 3, True), (128, 256, 8, 4, True)]  # 256 columns: two 128-column sub-tiles per consumer
+    (128, 256, 8, 3, True), (128, 256, 8, 4, True),  # 256 columns: two 128-column sub-tiles per consumer
+    # a sixth field: the row scales staged by the producer (`fp8_row_gemm_ws`'s staged_scales)
+    (128, 128, 8, 4, True, True), (128, 256, 8, 3, True, True), (128, 256, 8, 4, True, True)]
 # block_m, block_n (64: 64-column halves; 128: one pass, warp-specialised only), warps, stages,
 # warp-specialised (`fp8_gemm1_ws_gluon`, persistent)
 GEMM1_VARIANTS = [(64, 64, 4, 3, False), (64, 64, 4, 4, False), (128, 64, 8, 3, False), (128, 64, 8, 3, True),
@@ -248,11 +250,14 @@ def main():
             print(f"{shape} {name}: triton {t_us:.1f} us ({row['triton_tflops']:.0f} TFLOP/s), "
                   f"err {row['triton_rel_err_vs_fp64']:.2e}", flush=True)
             row["gluon"] = []
-            for bm, bn, warps, stages, ws in (VARIANTS if a.variants is None else [VARIANTS[i] for i in a.variants]):
-                knobs = dict(block_n=bn, stages=stages) if ws else dict(block_m=bm, block_n=bn, num_warps=warps,
-                                                                         stages=stages)
+            for bm, bn, warps, stages, ws, *staged in (VARIANTS if a.variants is None
+                                                       else [VARIANTS[i] for i in a.variants]):
+                staged = bool(staged and staged[0])
+                knobs = dict(block_n=bn, stages=stages, staged_scales=staged) if ws else dict(
+                    block_m=bm, block_n=bn, num_warps=warps, stages=stages)
                 gemm = fp8_row_gemm_ws if ws else fp8_row_gemm
-                rec = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "warp_specialize": ws}
+                rec = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "warp_specialize": ws,
+                       "staged_scales": staged}
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"
 
@@ -278,13 +283,13 @@ def main():
                         rec["speedup_vs_triton"] = t_us / us
                     timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)"
                               if ok else "WRONG, not timed")
-                    print(f"  gluon {bm}x{bn} w{warps} s{stages}{' ws' * ws}: {timing}; bitwise "
+                    print(f"  gluon {bm}x{bn} w{warps} s{stages}{' ws' * ws}{' staged' * staged}: {timing}; bitwise "
                           f"{rec['bitwise_equal_fraction']:.4f}, max rel diff {rec['max_rel_diff_vs_triton']:.2e}, "
                           f"err {rec['rel_err_vs_fp64']:.2e}", flush=True)
                 except Exception as e:  # a variant that fails to compile or launch is reported, the rest still run
                     os.environ.pop("TITAN_MEGAMOE_POISON", None)
                     rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    print(f"  gluon {bm}x{bn} w{warps} s{stages}{' ws' * ws}: {rec['error']}", flush=True)
+                    print(f"  gluon {bm}x{bn} w{warps} s{stages}{' ws' * ws}{' staged' * staged}: {rec['error']}", flush=True)
                 row["gluon"].append(rec)
             rows_out.append(row)
             save()

@@ -167,14 +167,16 @@ def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages
                         aligned, num_warps, 1, source=GluonASTSource)
 
 
-def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False):
+def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False, staged_scales: bool | None = None):
     """The persistent warp-specialised Gluon block-FP8 row GEMM (`fp8_rows_ws_gluon`), as it launches."""
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
 
+    staged = ws.STAGED_SCALES if staged_scales is None else staged_scales
     sig = {**_gluon_fp8_descs(ws.HALF_M.value, block_n), **_types("a1s_ptr b1s_ptr a2s_ptr b2s_ptr", "*fp32"), **PLAN,
            "out_ptr": "*bf16", **_types("N KD ND NK1 num_items", "i32")}
-    return _compile_ws(ws._fp8_rows_ws_kernel, sig, stages, ws.consumer_regs(block_n), SORTED_OUT=sorted_out,
-                       BLOCK_N=block_n)
+    return _compile_ws(ws._fp8_rows_ws_kernel, sig, stages, ws.consumer_regs(block_n),
+                       ws.STAGING_PRODUCER_REGS if staged else ws.PRODUCER_REGS, SORTED_OUT=sorted_out,
+                       BLOCK_N=block_n, STAGED_SCALES=staged)
 
 
 def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
@@ -207,8 +209,8 @@ def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_s
         gl_out = {"bf16": gl.bfloat16, "fp32": gl.float32}[out]
         layout = gl.NVMMASharedLayout.get_default_for([ws.HALF_M.value, 128], gl_out)
         sig.update(_types("c_desc c2_desc", f"tensordesc<{out}[{ws.HALF_M.value}, 128],{layout!r}>"))
-    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, wg.consumer_regs(dual), wg.PRODUCER_REGS, DUAL=dual,
-                       TMA_STORE=tma_store)
+    return _compile_ws(wg._fp8_wgrad_ws_kernel, sig, stages, wg.consumer_regs(dual), ws.STAGING_PRODUCER_REGS,
+                       DUAL=dual, TMA_STORE=tma_store)
 
 
 def _compile_ws(fn, sig: dict, stages: int, consumer_regs: int | None = None, producer_regs: int | None = None,

@@ -135,19 +135,24 @@ GPU_CASES = [  # T, D, H, E, K, routing
 @pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
 @pytest.mark.parametrize("shape", [(64, 128, 4, 4, False), (128, 128, 8, 3, False), (64, 64, 4, 3, False),
                                    (128, 128, 8, 4, True), (128, 64, 8, 2, True), (128, 256, 8, 3, True),
-                                   (128, 256, 8, 2, True)], ids=lambda s: "x".join(map(str, s)))
+                                   (128, 256, 8, 2, True), (128, 128, 8, 4, True, True), (128, 256, 8, 3, True, True)],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
 def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
     """GEMM2, dgrad's q and dx through the Gluon kernels (ws: the persistent warp-specialised one) equal the
     Triton kernel's outputs on the same quantized operands to within one bf16 rounding (both add the K blocks' scaled products in the same
     order into fp32), every row written (outputs NaN-poisoned first). 256 columns: where N is no multiple of 256
-    (dgrad's q at H=384) the launch takes 128-column tiles."""
+    (dgrad's q at H=384) the launch takes 128-column tiles. A sixth field: the warp-specialised kernel's row
+    scales staged by its producer (`fp8_rows_ws_gluon.STAGED_SCALES`) or not."""
+    from titan_megamoe.kernels import fp8_rows_ws_gluon
     from titan_megamoe.kernels import grouped_gemm as gg
     from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
-    block_m, block_n, warps, stages, ws = shape
+    block_m, block_n, warps, stages, ws, *staged = shape
+    if staged:
+        monkeypatch.setattr(fp8_rows_ws_gluon, "STAGED_SCALES", staged[0])
     torch.manual_seed(T)
     ids = make_ids(T, E, K, routing, torch.Generator().manual_seed(T)).cuda()
     plan = build_routing_plan(ids, E, 128)
@@ -219,6 +224,11 @@ def test_gluon_launcher_host_path(monkeypatch, two_pairs):
     ws.fp8_row_gemm_ws(a, wt, plan, D, torch.bfloat16, block_n=256, stages=3, **pair2)
     assert [list(d.block_shape) for d in seen["args"][:4]] == [[64, 128], [256, 128]] * 2
     assert seen["args"][-1] == plan.layout.num_tiles * (D // 256) and seen["kw"]["BLOCK_N"] == 256
+    # the row scales staged by the producer: its registers for the copies' addresses
+    for staged in (False, True):
+        ws.fp8_row_gemm_ws(a, wt, plan, D, torch.bfloat16, stages=4, staged_scales=staged, **pair2)
+        assert seen["kw"]["STAGED_SCALES"] is staged
+        assert seen["kw"]["PRODUCER_REGS"] == (ws.STAGING_PRODUCER_REGS if staged else ws.PRODUCER_REGS)
 
 
 # ------------------------------------------------------------------------------------------------ GEMM1

@@ -33,6 +33,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
@@ -46,6 +47,10 @@ from .launch import launch
 HALF_M = gl.constexpr(64)  # rows per consumer warpgroup (one wgmma M of 64); a plan tile is two halves
 CONSUMER_REGS = 232  # per thread of the worker consumer warpgroup (the default one takes what is left)
 PRODUCER_REGS = 24  # the producer only computes addresses and loop counters
+# a producer that also copies each stage's scales (`_stage_row_scales`, `fp8_wgrad_ws_gluon._stage_scales`)
+STAGING_PRODUCER_REGS = 32
+# the row GEMMs' row scales: copied into each stage by the producer, or loaded by the consumers per K block
+STAGED_SCALES = False
 # 12 warps at launch (two consumer warpgroups, the producer's warp rounded up to a warpgroup): each thread
 # may start with at most 65536 / (12 * 32) registers, rounded down to 8; the partitions then rebalance
 MAXNREG = 65536 // (12 * 32) // 8 * 8
@@ -86,8 +91,35 @@ def row_item(item, num_items, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr)
 
 
 @gluon.jit
+def _stage_row_scales(a1s_ptr, a2s_ptr, sa_smem, bar, s, j, kb, row0, N):
+    """K block j's scales of the item's 128 A rows (of the first pair below kb, else the second; zeros past
+    N) into stage s by asynchronous copies that `bar`, the stage's ready barrier, waits for: counted before
+    the arrival that expects the TMA bytes (`fp8_wgrad_ws_gluon._stage_scales`)."""
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+    rows = row0 + gl.arange(0, 2 * HALF_M, layout=layout)
+    if j < kb:
+        async_copy.async_copy_global_to_shared(sa_smem.index(s), a1s_ptr + rows.to(gl.int64) * kb + j, mask=rows < N)
+    else:
+        async_copy.async_copy_global_to_shared(sa_smem.index(s), a2s_ptr + rows.to(gl.int64) * kb + (j - kb),
+                                               mask=rows < N)
+    async_copy.mbarrier_arrive(bar)
+
+
+@gluon.jit
+def _staged_scale(sa_smem, s, j, kb, b1s_ptr, b2s_ptr, b_scale_off, HALF: gl.constexpr, row_layout: gl.constexpr):
+    """`fp8_rows_gluon._block_scale`'s sa * sb (the same product, bitwise) with sa from stage s."""
+    sa = sa_smem.index(s).slice(HALF * HALF_M, HALF_M).load(row_layout)
+    if j < kb:
+        sb = gl.load(b1s_ptr + b_scale_off + j)
+    else:
+        sb = gl.load(b2s_ptr + b_scale_off + (j - kb))
+    return sa * sb
+
+
+@gluon.jit
 def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
-              offsets_ptr, num_items, num_n, ND, kb, total, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+              offsets_ptr, num_items, num_n, ND, kb, total, a1s_ptr, a2s_ptr, sa_smem, N, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, STAGED_SCALES: gl.constexpr):
     """TMA of every K block of this program's items, each into a stage both consumers have freed (a fresh
     barrier counts as freed: the first pass waits on phase 1). `it` counts K blocks across items, as the
     consumers' does, so stages and phases run on from one item to the next."""
@@ -103,6 +135,8 @@ def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, 
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
                 bar = ready.index(s)
+                if STAGED_SCALES:
+                    _stage_row_scales(a1s_ptr, a2s_ptr, sa_smem, bar, s, j, kb, row0, N)
                 mbarrier.expect(bar, 2 * a1_desc.block_type.nbytes + b1_desc.block_type.nbytes)
                 if j < kb:  # the first pair's K blocks, then the second's (dx)
                     _tma_load(a1_desc, [row0, j * 128], bar, a_smem.index(2 * s))
@@ -118,8 +152,8 @@ def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, 
 
 @gluon.jit
 def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
-              tile_row_ptr, offsets_ptr, out_ptr, num_items, num_n, N, ND, kb, total, HALF: gl.constexpr,
-              SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+              tile_row_ptr, offsets_ptr, out_ptr, sa_smem, num_items, num_n, N, ND, kb, total, HALF: gl.constexpr,
+              SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, STAGED_SCALES: gl.constexpr):
     """Rows HALF * 64 .. HALF * 64 + 63 of every item: the K blocks' promoted products, then the store.
     A 256-column item is two 128-column sub-tiles, one accumulator each: per K block the first sub-tile's
     MMA, its promotion, then the second's (one product in registers at a time: two accumulators and one
@@ -159,7 +193,10 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
                 else:
                     prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_tile.permute((1, 0)), zero,
                                          use_acc=False, is_async=True)
-                scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
+                if STAGED_SCALES:
+                    scale = _staged_scale(sa_smem, s, j, kb, b1s_ptr, b2s_ptr, b_scale_off, HALF, row_layout)
+                else:
+                    scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off)
                 prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
                 if BLOCK_N <= 128:
                     # this warpgroup's MMA has read the stage: one of the two arrivals that free it
@@ -172,7 +209,11 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                     prod = warpgroup_mma(a_smem.index(2 * s + HALF), b_tile.slice(128, 128).permute((1, 0)),
                                          prod, use_acc=False, is_async=True)
-                    scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in, b_scale_off + kb)
+                    if STAGED_SCALES:
+                        scale = _staged_scale(sa_smem, s, j, kb, b1s_ptr, b2s_ptr, b_scale_off + kb, HALF, row_layout)
+                    else:
+                        scale = _block_scale(j, kb, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, rows, rows_in,
+                                             b_scale_off + kb)
                     prod = warpgroup_mma_wait(num_outstanding=0, deps=(prod, ))
                     mbarrier.arrive(empty.index(s), count=1)
                     acc2 += prod * scale[:, None]
@@ -187,29 +228,35 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
 @gluon.jit
 def _fp8_rows_ws_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr,
                         tile_expert_ptr, tile_row_ptr, offsets_ptr, out_ptr, N, KD, ND, NK1, num_items,
-                        SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                        SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGED_SCALES: gl.constexpr,
+                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     a_smem, b_smem, ready, empty = ring(a1_desc, b1_desc, BLOCK_N, STAGES)
+    # per stage, its K block's scales of the item's 128 A rows (`_stage_row_scales`)
+    sa_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     kb = KD // 128  # K blocks per pair
     num_n = gl.cdiv(ND, BLOCK_N)
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
-                     tile_row_ptr, offsets_ptr, out_ptr, num_items, num_n, N, ND, kb, NK1, 0, SORTED_OUT, BLOCK_N,
-                     STAGES)),
+                     tile_row_ptr, offsets_ptr, out_ptr, sa_smem, num_items, num_n, N, ND, kb, NK1, 0, SORTED_OUT,
+                     BLOCK_N, STAGES, STAGED_SCALES)),
         (_consumer, (a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
-                     tile_row_ptr, offsets_ptr, out_ptr, num_items, num_n, N, ND, kb, NK1, 1, SORTED_OUT, BLOCK_N,
-                     STAGES)),
+                     tile_row_ptr, offsets_ptr, out_ptr, sa_smem, num_items, num_n, N, ND, kb, NK1, 1, SORTED_OUT,
+                     BLOCK_N, STAGES, STAGED_SCALES)),
         (_producer, (a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
-                     offsets_ptr, num_items, num_n, ND, kb, NK1, BLOCK_N, STAGES)),
+                     offsets_ptr, num_items, num_n, ND, kb, NK1, a1s_ptr, a2s_ptr, sa_smem, N, BLOCK_N, STAGES,
+                     STAGED_SCALES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     ring_done(ready, empty, STAGES)
 
 
 def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,
                     a2: BlockScaled | None = None, b2: BlockScaled | None = None, sorted_out: bool = False,
-                    block_n: int = 128, stages: int = 4, out: torch.Tensor | None = None) -> torch.Tensor:
+                    block_n: int = 128, stages: int = 4, out: torch.Tensor | None = None,
+                    staged_scales: bool | None = None) -> torch.Tensor:
     """`fp8_rows_gluon.fp8_row_gemm`'s result (same arguments, same sums in the same order) from the
-    persistent warp-specialised kernel: out [N, nd] by sorted row (`sorted_out`) or in routed-row order."""
+    persistent warp-specialised kernel: out [N, nd] by sorted row (`sorted_out`) or in routed-row order.
+    `staged_scales` (None: `STAGED_SCALES`): the producer copies each K block's row scales into the stage
+    (`_stage_row_scales`), else each consumer loads them after issuing the block's MMA."""
     N, kd = a1.data.shape
     E = b1.data.shape[0]
     assert b1.data.shape == (E, nd, kd) and kd % SCALE_BLOCK == 0 and nd % SCALE_BLOCK == 0, (b1.data.shape, nd, kd)
@@ -220,9 +267,11 @@ def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int
     items = plan.layout.num_tiles * triton.cdiv(nd, block_n)
     if items == 0:
         return out
+    staged = STAGED_SCALES if staged_scales is None else staged_scales
     launch_ws(_fp8_rows_ws_kernel, items, a1.data.device, stages, *pair_args(a1, b1, a2, b2, HALF_M.value, block_n),
               plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, k_blocks(a1, a2),
-              items, SORTED_OUT=sorted_out, BLOCK_N=block_n, consumer_regs=consumer_regs(block_n))
+              items, SORTED_OUT=sorted_out, BLOCK_N=block_n, STAGED_SCALES=staged, consumer_regs=consumer_regs(block_n),
+              producer_regs=STAGING_PRODUCER_REGS if staged else PRODUCER_REGS)
     return out
 
 

@@ -36,7 +36,7 @@ from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .fp8_rows_gluon import SCALE_BLOCK, _cta_barrier, _descriptor, _tma_load
 from .common import tma_ok
-from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, launch_ws, ring, ring_done
+from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, STAGING_PRODUCER_REGS, launch_ws, ring, ring_done
 
 # the tiles' store: TMA from shared memory (asynchronous: the consumer goes on while it runs) or the
 # consumers' own stores from registers (`fp8_wgrad_ws`'s `tma_store`; H100, 30B-A3B dW2 at 4 stages: 0.737
@@ -221,12 +221,10 @@ def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_s
 def consumer_regs(dual: bool) -> int:
     """The worker consumer's registers: DUAL's two accumulators, the product and the 32 column scales a
     thread applies need ~245 during dW3's promotion; at 232 the sm_90 compile spilled 112 bytes. 240 leaves
-    the default consumer 240 (65536 / 128 threads - 240 - the producer's `PRODUCER_REGS`)."""
+    the default consumer 240 (65536 / 128 threads - 240 - the producer's `STAGING_PRODUCER_REGS`)."""
     return 240 if dual else CONSUMER_REGS
 
 
-# the producer computes the scales' addresses for its asynchronous copies (`_stage_scales`): 32 registers
-PRODUCER_REGS = 32
 SMEM_LIMIT = 232448  # bytes of shared memory a program may have on sm_90
 SMEM_SPARE = 8192  # the barriers, the scales' stages and the compiler's scratch beside the ring and the outputs
 
@@ -255,4 +253,4 @@ def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: R
     launch_ws(_fp8_wgrad_ws_kernel, items, a.data.device, stages, a_desc, a2_desc, _descriptor(b.data, 128), a.scale,
               (a2 if dual else a).scale, b.scale, plan.experts_by_load, plan.expert_first_tile, plan.offsets_E1,
               outs[0], outs[-1], *c_descs, items, tiles_m, tiles_n, M, N, a.scale.stride(0), b.scale.stride(0),
-              DUAL=dual, TMA_STORE=tma_store, consumer_regs=consumer_regs(dual), producer_regs=PRODUCER_REGS)
+              DUAL=dual, TMA_STORE=tma_store, consumer_regs=consumer_regs(dual), producer_regs=STAGING_PRODUCER_REGS)
