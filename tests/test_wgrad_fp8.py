@@ -435,4 +435,9 @@ def test_fp8_default_config_compiles_to_fp8_wgmma_on_sm90(sm90_compiles, kind):
         # the producer stages the scales, 72 before, L1). A bound, not a pass: more is a regression
         assert int(stack.group(1)) <= 72, f"register spills: {res['usage']}"
         return
+    if res["config"][4]:
+        # the Gluon dW2: none in Triton 3.6's compile (the GPU machine's), 24 bytes of loop values in 3.9's
+        # (CI's) since the producer stages the scales. A bound, not a pass: more is a regression
+        assert int(stack.group(1)) <= 24, f"register spills: {res['usage']}"
+        return
     assert int(stack.group(1)) == 0, f"register spills: {res['usage']}"

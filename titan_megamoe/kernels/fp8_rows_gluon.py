@@ -27,6 +27,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -37,8 +38,12 @@ from .common import new_output
 from .launch import launch
 
 # Gluon is experimental and renames things between releases (3.6 is the H200's Triton, CI's torch brings
-# a newer one): the TMA load was `async_copy_global_to_shared`, now `async_load`; the CTA barrier likewise
+# a newer one): the TMA load was `async_copy_global_to_shared`, now `async_load`; the TMA store
+# `async_copy_shared_to_global`, now `async_store`; cp.async `async_copy_global_to_shared`, now `async_load`;
+# the CTA barrier likewise
 _tma_load = getattr(tma, "async_load", tma.async_copy_global_to_shared)
+_tma_store = getattr(tma, "async_store", tma.async_copy_shared_to_global)
+_cp_async = getattr(async_copy, "async_load", async_copy.async_copy_global_to_shared)
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # 3.6: thread_barrier; later: barrier
 SCALE_BLOCK = 128  # one scale block along the reduction (host code)
 BLOCK_K = gl.constexpr(SCALE_BLOCK)  # the same for jitted code (which reads constexpr globals only)

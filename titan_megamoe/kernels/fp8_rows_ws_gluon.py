@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .common import multiprocessors, new_output
-from .fp8_rows_gluon import (SCALE_BLOCK, _block_scale, _tma_load, k_blocks, pair_args, plan_row_tile, row_dest,
-                              store_rows)
+from .fp8_rows_gluon import (SCALE_BLOCK, _block_scale, _cp_async, _tma_load, k_blocks, pair_args, plan_row_tile,
+                              row_dest, store_rows)
 from .launch import launch
 
 HALF_M = gl.constexpr(64)  # rows per consumer warpgroup (one wgmma M of 64); a plan tile is two halves
@@ -99,10 +99,9 @@ def _stage_row_scales(a1s_ptr, a2s_ptr, sa_smem, bar, s, j, kb, row0, N):
     layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
     rows = row0 + gl.arange(0, 2 * HALF_M, layout=layout)
     if j < kb:
-        async_copy.async_copy_global_to_shared(sa_smem.index(s), a1s_ptr + rows.to(gl.int64) * kb + j, mask=rows < N)
+        _cp_async(sa_smem.index(s), a1s_ptr + rows.to(gl.int64) * kb + j, mask=rows < N)
     else:
-        async_copy.async_copy_global_to_shared(sa_smem.index(s), a2s_ptr + rows.to(gl.int64) * kb + (j - kb),
-                                               mask=rows < N)
+        _cp_async(sa_smem.index(s), a2s_ptr + rows.to(gl.int64) * kb + (j - kb), mask=rows < N)
     async_copy.mbarrier_arrive(bar)
 
 

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .fp8_rows_gluon import SCALE_BLOCK, _cta_barrier, _descriptor, _tma_load
+from .fp8_rows_gluon import SCALE_BLOCK, _cp_async, _cta_barrier, _descriptor, _tma_load, _tma_store
 from .common import tma_ok
 from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, STAGING_PRODUCER_REGS, launch_ws, ring, ring_done
 
@@ -71,10 +71,10 @@ def _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_
     rows = pid_m * 128 + i
     cols = pid_n * 128 + i
     # int32 offsets: a scale matrix has rows x tiles entries, far below 2^31
-    async_copy.async_copy_global_to_shared(sa_smem.index(s), a_scale_ptr + rows * stride_sa + t, mask=rows < M)
+    _cp_async(sa_smem.index(s), a_scale_ptr + rows * stride_sa + t, mask=rows < M)
     if DUAL:
-        async_copy.async_copy_global_to_shared(sa2_smem.index(s), a2_scale_ptr + rows * stride_sa + t, mask=rows < M)
-    async_copy.async_copy_global_to_shared(sb_smem.index(s), b_scale_ptr + cols * stride_sb + t, mask=cols < N)
+        _cp_async(sa2_smem.index(s), a2_scale_ptr + rows * stride_sa + t, mask=rows < M)
+    _cp_async(sb_smem.index(s), b_scale_ptr + cols * stride_sb + t, mask=cols < N)
     # counted on the barrier before the arrival that expects the TMA bytes, so the phase waits for both
     async_copy.mbarrier_arrive(bar)
 
@@ -122,7 +122,7 @@ def _store_tile_tma(c_desc, c_smem, acc, expert, pid_m, pid_n, M, HALF: gl.const
     c_smem.store(acc.to(c_desc.dtype))
     fence_async_shared()  # the writes visible to the TMA unit
     _cta_barrier()  # every thread's part written before the copy is issued
-    tma.async_copy_shared_to_global(c_desc, [expert * M + pid_m * 128 + HALF * HALF_M, pid_n * 128], c_smem)
+    _tma_store(c_desc, [expert * M + pid_m * 128 + HALF * HALF_M, pid_n * 128], c_smem)
 
 
 @gluon.jit
