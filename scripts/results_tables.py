@@ -26,10 +26,11 @@ def _env_line(env: dict) -> str:
 
 
 def recorded_commit(path: Path) -> str | None:
-    """The commit a result file says it was produced at (bench_layer: environment.commit, ab: environment.git)."""
+    """The commit a result file says it was produced at (bench_layer: environment.commit, ab: environment.git,
+    the tuner: a top-level commit)."""
     data = json.loads(path.read_text())
     env = data.get("environment") or {}
-    return env.get("commit") or (env.get("git") or {}).get("commit")
+    return env.get("commit") or (env.get("git") or {}).get("commit") or data.get("commit")
 
 
 def provenance_line(files: list[Path], root: Path) -> str:
