@@ -75,6 +75,19 @@ def ring(a_desc, b_desc, B_ROWS: gl.constexpr, STAGES: gl.constexpr, A_TILES: gl
 
 
 @gluon.jit
+def scale_stages(STAGES: gl.constexpr):
+    """Per stage of the ring, one K step's fp32 scales of an item's 128 rows: what the producer copies in
+    beside the stage's operands (`stage_rows`) and the consumers read once the stage is ready."""
+    return gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+
+@gluon.jit
+def stage_rows(row0):
+    """The 128 rows from row0 whose scales the producer warp copies into a stage (`scale_stages`), 4 a lane."""
+    return row0 + gl.arange(0, 2 * HALF_M, layout=gl.BlockedLayout([4], [32], [1], [0]))
+
+
+@gluon.jit
 def ring_done(ready, empty, STAGES: gl.constexpr):
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -96,8 +109,7 @@ def _stage_row_scales(a1s_ptr, a2s_ptr, sa_smem, bar, s, j, kb, row0, N):
     """K block j's scales of the item's 128 A rows (of the first pair below kb, else the second; zeros past
     N) into stage s by asynchronous copies that `bar`, the stage's ready barrier, waits for: counted before
     the arrival that expects the TMA bytes (`fp8_wgrad_ws_gluon._stage_scales`)."""
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
-    rows = row0 + gl.arange(0, 2 * HALF_M, layout=layout)
+    rows = stage_rows(row0)
     if j < kb:
         _cp_async(sa_smem.index(s), a1s_ptr + rows.to(gl.int64) * kb + j, mask=rows < N)
     else:
@@ -231,8 +243,7 @@ def _fp8_rows_ws_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2
                         SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGED_SCALES: gl.constexpr,
                         STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     a_smem, b_smem, ready, empty = ring(a1_desc, b1_desc, BLOCK_N, STAGES)
-    # per stage, its K block's scales of the item's 128 A rows (`_stage_row_scales`)
-    sa_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    sa_smem = scale_stages(STAGES)  # its K block's scales of the item's 128 A rows (`_stage_row_scales`)
     kb = KD // 128  # K blocks per pair
     num_n = gl.cdiv(ND, BLOCK_N)
     gl.warp_specialize([

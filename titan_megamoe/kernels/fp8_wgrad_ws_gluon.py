@@ -36,7 +36,8 @@ from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .fp8_rows_gluon import SCALE_BLOCK, _cp_async, _cta_barrier, _descriptor, _tma_load, _tma_store
 from .common import tma_ok
-from .fp8_rows_ws_gluon import CONSUMER_REGS, HALF_M, STAGING_PRODUCER_REGS, launch_ws, ring, ring_done
+from .fp8_rows_ws_gluon import (CONSUMER_REGS, HALF_M, STAGING_PRODUCER_REGS, launch_ws, ring, ring_done,
+                                scale_stages, stage_rows)
 
 # the tiles' store: TMA from shared memory (asynchronous: the consumer goes on while it runs) or the
 # consumers' own stores from registers (`fp8_wgrad_ws`'s `tma_store`; H100, 30B-A3B dW2 at 4 stages: 0.737
@@ -66,10 +67,8 @@ def _stage_scales(a_scale_ptr, a2_scale_ptr, b_scale_ptr, sa_smem, sa2_smem, sb_
     """Token tile t's scales of an item's 128 A rows (A2's too with DUAL) and 128 B rows into stage s's
     buffers (zeros past M and N) by asynchronous copies that `bar` (the stage's ready barrier) waits for:
     the producer warp issues them and goes on, as it does its TMA loads."""
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
-    i = gl.arange(0, 128, layout=layout)
-    rows = pid_m * 128 + i
-    cols = pid_n * 128 + i
+    rows = stage_rows(pid_m * 128)
+    cols = stage_rows(pid_n * 128)
     # int32 offsets: a scale matrix has rows x tiles entries, far below 2^31
     _cp_async(sa_smem.index(s), a_scale_ptr + rows * stride_sa + t, mask=rows < M)
     if DUAL:
@@ -200,10 +199,9 @@ def _fp8_wgrad_ws_kernel(a_desc, a2_desc, b_desc, a_scale_ptr, a2_scale_ptr, b_s
     else:
         c_smem = a_smem
     # per stage, its token tile's scales of the item's 128 A rows (A2's) and 128 B rows (`_stage_scales`)
-    scale_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # the layout of one stage's [128]
-    sa_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 128], scale_layout)
-    sa2_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 128], scale_layout) if DUAL else sa_smem
-    sb_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 128], scale_layout)
+    sa_smem = scale_stages(STAGES)
+    sa2_smem = scale_stages(STAGES) if DUAL else sa_smem
+    sb_smem = scale_stages(STAGES)
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, ready, empty, expert_slot_ptr, first_tile_ptr, offsets_ptr, c_ptr, c2_ptr, c_desc,
                      c2_desc, c_smem, sa_smem, sa2_smem, sb_smem, num_items, tiles_m, tiles_n, M, N, 0, DUAL, STAGES,
