@@ -165,7 +165,10 @@ def bench_fp8_dswiglu(do_bench, quick: bool = False):
     variants += [(f"gluon single kernel {w}w {'exact' if e else 'hardware'} cast{' persistent' if p else ''}",
                   dict(_FP8_DSWIGLU_GLUON=(w, e, p)), None, row_keys + tile_keys, single_bytes)
                  for w, e, p in [(16, False, True), (8, False, True), (16, False, False), (8, False, False),
-                                 (16, True, False), (4, False, False)]]
+                                 (16, True, False), (4, False, False)] if not quick]
+    variants += [(f"gluon persistent {w}w {p}", dict(_FP8_DSWIGLU_GLUON=(w, False, p)), None, row_keys + tile_keys,
+                  single_bytes)
+                 for w in (8, 16) for p in (True, "ahead", "passes", "ahead passes")]
     if quick:
         variants.append(("split, shipped knobs", triton_knobs, None, row_keys + tile_keys, rows_bytes + tiles_bytes))
     for bm, tw, cb in itertools.product((32, 64), (4, 8), (1, 2)) if not quick else ():
@@ -347,8 +350,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--quick", action="store_true",
-                    help="weight_quant, fp8_dswiglu: the Triton kernels at their shipped settings only, beside every "
-                         "Gluon variant")
+                    help="weight_quant: the Triton kernel at its shipped settings only, beside every Gluon variant; "
+                         "fp8_dswiglu: the Triton single kernel and shipped pair beside the persistent Gluon variants")
     ap.add_argument("--sections", nargs="+", default=["copies", "dswiglu_rows", "fp8_dswiglu"],
                     choices=["copies", "dswiglu_rows", "fp8_dswiglu", "weight_quant", "token_tiles"])
     a = ap.parse_args()

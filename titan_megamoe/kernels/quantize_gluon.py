@@ -43,10 +43,12 @@ def _e4m3(x, inv_scale, EXACT_CAST: gl.constexpr):
 
 @gluon.jit
 def store_rows_e4m3(data_ptr, scale_ptr, x, rows, row_ok, cols, col_ok, C, col_block, EXACT_CAST: gl.constexpr):
-    """x [rows, 128 columns] (fp32, any layout) quantized along each row, one 1x128 block: data [N, C] e4m3
-    at `rows`, scale [N, C / 128] at column `col_block`."""
-    row_scale, row_inv = e4m3_scale(gl.max(gl.abs(x), axis=1))
-    gl.store(data_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :], _e4m3(x, row_inv[:, None], EXACT_CAST),
+    """x [rows, 128 columns] (fp32 or bf16, any layout) quantized along each row, one 1x128 block: data
+    [N, C] e4m3 at `rows`, scale [N, C / 128] at column `col_block`. bf16 is converted to fp32 here, where it
+    is used, so that a caller holding several tiles keeps them at 2 bytes an element."""
+    row_scale, row_inv = e4m3_scale(gl.max(gl.abs(x), axis=1).to(gl.float32))
+    gl.store(data_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :],
+             _e4m3(x.to(gl.float32), row_inv[:, None], EXACT_CAST),
              mask=row_ok[:, None] & col_ok[None, :])
     gl.store(scale_ptr + rows.to(gl.int64) * (C // 128) + col_block, row_scale, mask=row_ok)
 
@@ -54,14 +56,15 @@ def store_rows_e4m3(data_ptr, scale_ptr, x, rows, row_ok, cols, col_ok, C, col_b
 @gluon.jit
 def store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col0, C, P, EXACT_CAST: gl.constexpr,
                           num_warps: gl.constexpr):
-    """x [128 rows of plan tile `tile`, 128 columns from col0] (fp32; rows past the expert's end zero)
+    """x [128 rows of plan tile `tile`, 128 columns from col0] (fp32 or bf16, as `store_rows_e4m3`; rows past
+    the expert's end zero)
     quantized along each column, one block over the tile's rows, into the token-tile layout
     (`quant.quantize_token_tiles`): data [C, P] e4m3 at columns 128 * tile + row, scale [C, P / 128] at
     [c, tile]. The e4m3 tile (1 byte an element) changes layout through shared memory so that each thread
     stores 16 consecutive rows of one column: 16 bytes along a row of data."""
     st_t: gl.constexpr = gl.BlockedLayout([16, 1], [8, 4], [1, num_warps], [0, 1])
-    scale, inv = e4m3_scale(gl.max(gl.abs(x), axis=0))
-    q_t = gl.convert_layout(_e4m3(x, inv[None, :], EXACT_CAST), st_t)
+    scale, inv = e4m3_scale(gl.max(gl.abs(x), axis=0).to(gl.float32))
+    q_t = gl.convert_layout(_e4m3(x.to(gl.float32), inv[None, :], EXACT_CAST), st_t)
     i_t = gl.arange(0, 128, layout=gl.SliceLayout(1, st_t))
     cols_t = (col0 + gl.arange(0, 128, layout=gl.SliceLayout(0, st_t))).to(gl.int64)
     gl.store(data_ptr + cols_t[None, :] * P + tile * 128 + i_t[:, None], q_t, mask=(cols_t < C)[None, :])
