@@ -59,19 +59,18 @@ E4M3_MAX = tl.constexpr(448.0)  # a constexpr global: jitted code may read it
 @triton.jit
 def e4m3_scale(amax):
     """(scale, 1 / scale) of blocks with this amax (fp32, >= 0): the smallest power of two s >= 2^-126
-    with amax / s <= 448, 1 where amax is 0 (`quant.power_of_two_scale`). Built from the exponent bits,
-    so both are exact."""
-    ratio = tl.math.div_rn(amax, E4M3_MAX)
-    bits = ratio.to(tl.uint32, bitcast=True)
-    # ceil(log2(ratio)): the exponent, plus one unless the ratio is a power of two
-    k = ((bits >> 23) & 0xFF).to(tl.int32) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-    k = tl.maximum(k, -126)
+    with amax / s <= 448, 1 where amax is 0 (`quant.power_of_two_scale`). Built from amax's exponent and
+    mantissa bits, so both are exact and no division is needed."""
+    # amax = m * 2^e with m in [1, 2): m * 2^(e - k) <= 448 = 1.75 * 2^8 holds from k = e - 8 when m <= 1.75
+    # (mantissa bits <= 0x600000), from k = e - 7 otherwise; subnormal amax gets the floor 2^-126, inf the
+    # exponent 128 (scale inf, as the division by 448 this replaced gave: the two agree on every non-negative
+    # fp32 bit pattern, NaN included: scripts/check_e4m3_scale_bits.py)
+    bits = amax.to(tl.uint32, bitcast=True)
+    e = ((bits >> 23) & 0xFF).to(tl.int32)
+    k = e - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    k = tl.where(e == 255, 128, tl.maximum(k, -126))
     scale = ((k + 127).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
     inv = ((127 - k).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-    # ratio itself rounded: where it rounded down, amax / s (exact) can exceed 448 by an ulp
-    over = amax * inv > E4M3_MAX
-    scale = tl.where(over, scale * 2.0, scale)
-    inv = tl.where(over, inv * 0.5, inv)
     scale = tl.where(amax > 0, scale, 1.0)
     inv = tl.where(amax > 0, inv, 1.0)
     return scale, inv
