@@ -288,7 +288,8 @@ def bench_weight_quant(do_bench, quick: bool = False):
 
 
 TOKEN_TILE_SHAPES = [("30b", 16384, 2048, 128, 8), ("235b", 16384, 4096, 128, 8)]  # name, T, D, E, K
-TOKEN_TILE_GLUON_VARIANTS = [(4, True), (8, True), (4, False), (8, False)]  # warps, exact cast
+# warps, exact cast, programs per multiprocessor (0: one per item)
+TOKEN_TILE_GLUON_VARIANTS = [(4, False, 0), (8, False, 0), (8, False, 1), (4, False, 2), (8, False, 2), (4, False, 3)]
 
 
 def bench_token_tiles(do_bench):
@@ -313,11 +314,11 @@ def bench_token_tiles(do_bench):
                                                                    m.quantize_token_tiles(src, plan)),
                                 T * K * D * 3 + D * P)]:  # bf16 rows read, e4m3 rows (+ tiles) written
             ref = None
-            for kernel, warps, exact in [("triton", m._TOKEN_TILE_WARPS, True)] + [  # the Triton kernel: the reference
-                    ("gluon", w, e) for w, e in TOKEN_TILE_GLUON_VARIANTS]:
+            for kernel, warps, exact, per_sm in [("triton", m._TOKEN_TILE_WARPS, True, 0)] + [  # the reference
+                    ("gluon", w, e, p) for w, e, p in TOKEN_TILE_GLUON_VARIANTS]:
                 r = {"shape": name, "T": T, "D": D, "E": E, "K": K, "op": op, "kernel": kernel, "warps": warps,
-                     "exact_cast": exact, "bytes": nbytes}
-                m._TOKEN_TILE_GLUON = None if kernel == "triton" else (warps, exact)
+                     "exact_cast": exact, "programs_per_sm": per_sm, "bytes": nbytes}
+                m._TOKEN_TILE_GLUON = None if kernel == "triton" else (warps, exact, per_sm)
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element the kernel skips is NaN, not stale bits
                     try:
@@ -341,7 +342,8 @@ def bench_token_tiles(do_bench):
                 rows.append(r)
                 timing = f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s)" if "us" in r else r["status"]
                 cast = "exact cast" if exact else "hardware cast"
-                print(f"token tiles {name} {op} {kernel} {warps}w {cast}: {timing}", flush=True)
+                resident = f" persistent {per_sm}/SM" if per_sm else ""
+                print(f"token tiles {name} {op} {kernel} {warps}w {cast}{resident}: {timing}", flush=True)
             del ref
     return rows
 

@@ -285,6 +285,19 @@ def gluon_token_tiles(num_warps: int = 4, exact_cast: bool = False):
                         set(sig), num_warps, 1, source=GluonASTSource)
 
 
+def gluon_token_tiles_persistent(num_warps: int = 8, exact_cast: bool = False, gather: bool = True):
+    """The resident-program Gluon token-tile quantizer (`quantize_gluon._token_tiles_persistent_kernel`)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from titan_megamoe.kernels.quantize_gluon import _token_tiles_persistent_kernel
+
+    sig = {"src_ptr": "*bf16", **PLAN, "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
+           **_types("C N num_tiles rows_per_token stride_r", "i32")}
+    return compile_sm90(_token_tiles_persistent_kernel, sig, dict(GATHER=gather, EXACT_CAST=exact_cast,
+                                                                  num_warps=num_warps),
+                        set(sig), num_warps, 1, source=GluonASTSource)
+
+
 def gluon_dswiglu_fp8(num_warps: int = 8, exact_cast: bool = False):
     """The one-kernel Gluon block-FP8 dSwiGLU (`dswiglu_fp8_gluon`)."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -399,6 +412,8 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon weight quant fp32 4 warps exact": lambda: gluon_weight_quant("fp32", 4, True),
     "gluon token tiles 4 warps": lambda: gluon_token_tiles(),
     "gluon token tiles 4 warps exact": lambda: gluon_token_tiles(4, True),
+    "gluon token tiles persistent 8 warps": lambda: gluon_token_tiles_persistent(8),
+    "gluon token tiles persistent 4 warps": lambda: gluon_token_tiles_persistent(4),
     "gluon dswiglu fp8 8 warps": lambda: gluon_dswiglu_fp8(8),
     "gluon dswiglu fp8 16 warps exact": lambda: gluon_dswiglu_fp8(16, True),
     "gluon dswiglu fp8 4 warps": lambda: gluon_dswiglu_fp8(4),

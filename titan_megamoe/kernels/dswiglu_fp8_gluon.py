@@ -31,7 +31,7 @@ from .common import multiprocessors, tma_ok
 from .epilogue import dswiglu_math_bf16, dswiglu_values_bf16
 from .fp8_rows_gluon import _cta_barrier, _descriptor, _tma_load
 from .launch import launch
-from .quantize_gluon import store_rows_e4m3, store_token_tile_e4m3
+from .quantize_gluon import item_tile, real_items, store_rows_e4m3, store_token_tile_e4m3
 
 
 @gluon.jit
@@ -80,18 +80,6 @@ def _dswiglu_fp8_kernel(q_ptr, g_ptr, u_ptr, scores_ptr, order_ptr, tile_expert_
 
 
 @gluon.jit
-def _real_items(tile_expert_ptr, num_tiles, num_n, num_warps: gl.constexpr):
-    """The work items of the real tiles (`schedule.real_tile_count` * num_n): the tiles with an expert are a
-    prefix of the plan's schedule, counted on the device so that no program walks the spare tail."""
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
-    count = 0
-    for start in range(0, num_tiles, 4096):
-        offs = start + gl.arange(0, 4096, layout=layout)
-        count += gl.sum((gl.load(tile_expert_ptr + offs, mask=offs < num_tiles, other=-1) >= 0).to(gl.int32), axis=0)
-    return count * num_n
-
-
-@gluon.jit
 def _load_item(item, row0, stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem, ready):
     """TMA of work item `item`'s q, g, u blocks (its plan tile's 128 rows from the tile's first row `row0`, 128
     columns) into `stage`. Rows past the expert's end come in too (the next expert's, or TMA's zeros past N):
@@ -102,14 +90,6 @@ def _load_item(item, row0, stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem,
     _tma_load(q_desc, [row0, col0], bar, q_smem.index(stage))
     _tma_load(g_desc, [row0, col0], bar, g_smem.index(stage))
     _tma_load(u_desc, [row0, col0], bar, u_smem.index(stage))
-
-
-@gluon.jit
-def _item_tile(item, items, num_n, tile_expert_ptr, tile_row_ptr):
-    """(first row, expert) of work item `item`'s plan tile, clamped into range: the items past a program's
-    last one read the last item's and are never run."""
-    tile = gl.maximum(gl.minimum(item, items - 1), 0) // num_n
-    return gl.load(tile_row_ptr + tile), gl.load(tile_expert_ptr + tile)
 
 
 @gluon.jit
@@ -168,7 +148,7 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, s_sorted_
     # order -> scores) that every warp would wait for at once
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     num_n = H // 128
-    items = _real_items(tile_expert_ptr, num_tiles, num_n, num_warps)
+    items = real_items(tile_expert_ptr, num_tiles, num_n, num_warps)
     pid = gl.program_id(0)
     G = gl.num_programs(0)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 128, 128], q_desc.layout)
@@ -178,15 +158,15 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, s_sorted_
     for st in gl.static_range(2):
         mbarrier.init(ready.index(st), count=1)
     fence_async_shared()
-    row0_a, expert_a = _item_tile(pid, items, num_n, tile_expert_ptr, tile_row_ptr)
+    row0_a, expert_a = item_tile(pid, items, num_n, tile_expert_ptr, tile_row_ptr)
     if pid < items:
         _load_item(pid, row0_a, 0, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem, ready)
     if AHEAD:
         end_a = gl.load(offsets_ptr + gl.maximum(expert_a, 0) + 1)
         routed_a, s_a = _item_rows(row0_a, end_a, order_ptr, s_sorted_ptr, ld)
-        row0_b, expert_b = _item_tile(pid + G, items, num_n, tile_expert_ptr, tile_row_ptr)
+        row0_b, expert_b = item_tile(pid + G, items, num_n, tile_expert_ptr, tile_row_ptr)
         end_b = gl.load(offsets_ptr + gl.maximum(expert_b, 0) + 1)
-        row0_c, expert_c = _item_tile(pid + 2 * G, items, num_n, tile_expert_ptr, tile_row_ptr)
+        row0_c, expert_c = item_tile(pid + 2 * G, items, num_n, tile_expert_ptr, tile_row_ptr)
     for i in range(gl.cdiv(items - pid, G)):
         item = pid + i * G
         stage = i % 2
@@ -200,7 +180,7 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, s_sorted_
                            ready)
             routed_b, s_b = _item_rows(row0_b, end_b, order_ptr, s_sorted_ptr, ld)
             end_c = gl.load(offsets_ptr + gl.maximum(expert_c, 0) + 1)
-            row0_d, expert_d = _item_tile(item + 3 * G, items, num_n, tile_expert_ptr, tile_row_ptr)
+            row0_d, expert_d = item_tile(item + 3 * G, items, num_n, tile_expert_ptr, tile_row_ptr)
             rows = row0_a + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
             row_ok = rows < end_a
             offs_n = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
@@ -208,7 +188,7 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, s_sorted_
             s = s_a
         else:
             if item + G < items:
-                row0_next, _ = _item_tile(item + G, items, num_n, tile_expert_ptr, tile_row_ptr)
+                row0_next, _ = item_tile(item + G, items, num_n, tile_expert_ptr, tile_row_ptr)
                 _load_item(item + G, row0_next, 1 - stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem,
                            ready)
             expert = gl.load(tile_expert_ptr + tile)
