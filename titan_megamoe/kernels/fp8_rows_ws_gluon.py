@@ -51,7 +51,7 @@ PRODUCER_REGS = 24  # the producer only computes addresses and loop counters
 STAGING_PRODUCER_REGS = 32
 # the row GEMMs' row scales: copied into each stage by the producer (as the weight gradient's are), or
 # loaded by the consumers per K block (the default until the staged form is timed on a GPU)
-STAGED_SCALES = False
+STAGED_SCALES = True
 # 12 warps at launch (two consumer warpgroups, the producer's warp rounded up to a warpgroup): each thread
 # may start with at most 65536 / (12 * 32) registers, rounded down to 8; the partitions then rebalance
 MAXNREG = 65536 // (12 * 32) // 8 * 8
