@@ -165,10 +165,7 @@ def bench_fp8_dswiglu(do_bench, quick: bool = False):
     variants += [(f"gluon single kernel {w}w {'exact' if e else 'hardware'} cast{' persistent' if p else ''}",
                   dict(_FP8_DSWIGLU_GLUON=(w, e, p)), None, row_keys + tile_keys, single_bytes)
                  for w, e, p in [(16, False, True), (8, False, True), (16, False, False), (8, False, False),
-                                 (16, True, False), (4, False, False)] if not quick]
-    variants += [(f"gluon persistent {w}w {p}", dict(_FP8_DSWIGLU_GLUON=(w, False, p)), None, row_keys + tile_keys,
-                  single_bytes)
-                 for w in (8, 16) for p in (True, "ahead", "passes", "ahead passes")]
+                                 (16, True, False), (4, False, False)]]
     if quick:
         variants.append(("split, shipped knobs", triton_knobs, None, row_keys + tile_keys, rows_bytes + tiles_bytes))
     for bm, tw, cb in itertools.product((32, 64), (4, 8), (1, 2)) if not quick else ():
@@ -288,8 +285,7 @@ def bench_weight_quant(do_bench, quick: bool = False):
 
 
 TOKEN_TILE_SHAPES = [("30b", 16384, 2048, 128, 8), ("235b", 16384, 4096, 128, 8)]  # name, T, D, E, K
-# warps, exact cast, programs per multiprocessor (0: one per item)
-TOKEN_TILE_GLUON_VARIANTS = [(4, False, 0), (8, False, 0), (8, False, 1), (4, False, 2), (8, False, 2), (4, False, 3)]
+TOKEN_TILE_GLUON_VARIANTS = [(4, True), (8, True), (4, False), (8, False)]  # warps, exact cast
 
 
 def bench_token_tiles(do_bench):
@@ -314,11 +310,11 @@ def bench_token_tiles(do_bench):
                                                                    m.quantize_token_tiles(src, plan)),
                                 T * K * D * 3 + D * P)]:  # bf16 rows read, e4m3 rows (+ tiles) written
             ref = None
-            for kernel, warps, exact, per_sm in [("triton", m._TOKEN_TILE_WARPS, True, 0)] + [  # the reference
-                    ("gluon", w, e, p) for w, e, p in TOKEN_TILE_GLUON_VARIANTS]:
+            for kernel, warps, exact in [("triton", m._TOKEN_TILE_WARPS, True)] + [  # the Triton kernel: the reference
+                    ("gluon", w, e) for w, e in TOKEN_TILE_GLUON_VARIANTS]:
                 r = {"shape": name, "T": T, "D": D, "E": E, "K": K, "op": op, "kernel": kernel, "warps": warps,
-                     "exact_cast": exact, "programs_per_sm": per_sm, "bytes": nbytes}
-                m._TOKEN_TILE_GLUON = None if kernel == "triton" else (warps, exact, per_sm)
+                     "exact_cast": exact, "bytes": nbytes}
+                m._TOKEN_TILE_GLUON = None if kernel == "triton" else (warps, exact)
                 try:
                     os.environ["TITAN_MEGAMOE_POISON"] = "1"  # an element the kernel skips is NaN, not stale bits
                     try:
@@ -342,8 +338,7 @@ def bench_token_tiles(do_bench):
                 rows.append(r)
                 timing = f"{r['us']:.1f} us ({r['gb_per_s']:.0f} GB/s)" if "us" in r else r["status"]
                 cast = "exact cast" if exact else "hardware cast"
-                resident = f" persistent {per_sm}/SM" if per_sm else ""
-                print(f"token tiles {name} {op} {kernel} {warps}w {cast}{resident}: {timing}", flush=True)
+                print(f"token tiles {name} {op} {kernel} {warps}w {cast}: {timing}", flush=True)
             del ref
     return rows
 
@@ -352,8 +347,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--quick", action="store_true",
-                    help="weight_quant: the Triton kernel at its shipped settings only, beside every Gluon variant; "
-                         "fp8_dswiglu: the Triton single kernel and shipped pair beside the persistent Gluon variants")
+                    help="weight_quant, fp8_dswiglu: the Triton kernels at their shipped settings only, beside every "
+                         "Gluon variant")
     ap.add_argument("--sections", nargs="+", default=["copies", "dswiglu_rows", "fp8_dswiglu"],
                     choices=["copies", "dswiglu_rows", "fp8_dswiglu", "weight_quant", "token_tiles"])
     a = ap.parse_args()

@@ -285,19 +285,6 @@ def gluon_token_tiles(num_warps: int = 4, exact_cast: bool = False):
                         set(sig), num_warps, 1, source=GluonASTSource)
 
 
-def gluon_token_tiles_persistent(num_warps: int = 8, exact_cast: bool = False, gather: bool = True):
-    """The resident-program Gluon token-tile quantizer (`quantize_gluon._token_tiles_persistent_kernel`)."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from titan_megamoe.kernels.quantize_gluon import _token_tiles_persistent_kernel
-
-    sig = {"src_ptr": "*bf16", **PLAN, "data_ptr": "*fp8e4nv", "scale_ptr": "*fp32",
-           **_types("C N num_tiles rows_per_token stride_r", "i32")}
-    return compile_sm90(_token_tiles_persistent_kernel, sig, dict(GATHER=gather, EXACT_CAST=exact_cast,
-                                                                  num_warps=num_warps),
-                        set(sig), num_warps, 1, source=GluonASTSource)
-
-
 def gluon_dswiglu_fp8(num_warps: int = 8, exact_cast: bool = False):
     """The one-kernel Gluon block-FP8 dSwiGLU (`dswiglu_fp8_gluon`)."""
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -312,24 +299,21 @@ def gluon_dswiglu_fp8(num_warps: int = 8, exact_cast: bool = False):
                         num_warps, 1, source=GluonASTSource)
 
 
-def gluon_dswiglu_fp8_persistent(num_warps: int = 16, exact_cast: bool = False, ahead: bool = False,
-                                 passes: bool = False):
-    """The persistent Gluon block-FP8 dSwiGLU (`dswiglu_fp8_gluon`): q, g, u through TMA, two stages;
-    `ahead`: each item's indices loaded before the item."""
+def gluon_dswiglu_fp8_persistent(num_warps: int = 16, exact_cast: bool = False):
+    """The persistent Gluon block-FP8 dSwiGLU (`dswiglu_fp8_gluon`): q, g, u through TMA, two stages."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from titan_megamoe.kernels.dswiglu_fp8_gluon import _dswiglu_fp8_persistent_kernel
 
     desc = f"tensordesc<bf16[128, 128],{gl.NVMMASharedLayout.get_default_for([128, 128], gl.bfloat16)!r}>"
-    sig = {**{n: desc for n in ("q_desc", "g_desc", "u_desc")}, "scores_ptr": "*fp32", "s_sorted_ptr": "*fp32", **PLAN,
+    sig = {**{n: desc for n in ("q_desc", "g_desc", "u_desc")}, "scores_ptr": "*fp32", **PLAN,
            **{n: ("*fp8e4nv" if i % 2 == 0 else "*fp32") for i, n in enumerate(
                "dg_ptr dg_s_ptr du_ptr du_s_ptr dgt_ptr dgt_s_ptr dut_ptr dut_s_ptr hst_ptr hst_s_ptr".split())},
            "ds_part_ptr": "*fp32", **_types("H P num_tiles", "i32")}
     aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
-    return compile_sm90(_dswiglu_fp8_persistent_kernel, sig,
-                        dict(EXACT_CAST=exact_cast, AHEAD=ahead, PASSES=passes, num_warps=num_warps), aligned, num_warps, 1,
-                        source=GluonASTSource)
+    return compile_sm90(_dswiglu_fp8_persistent_kernel, sig, dict(EXACT_CAST=exact_cast, num_warps=num_warps),
+                        aligned, num_warps, 1, source=GluonASTSource)
 
 
 def dswiglu_fp8(num_warps: int):
@@ -412,14 +396,11 @@ JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/con
     "gluon weight quant fp32 4 warps exact": lambda: gluon_weight_quant("fp32", 4, True),
     "gluon token tiles 4 warps": lambda: gluon_token_tiles(),
     "gluon token tiles 4 warps exact": lambda: gluon_token_tiles(4, True),
-    "gluon token tiles persistent 8 warps": lambda: gluon_token_tiles_persistent(8),
-    "gluon token tiles persistent 4 warps": lambda: gluon_token_tiles_persistent(4),
     "gluon dswiglu fp8 8 warps": lambda: gluon_dswiglu_fp8(8),
     "gluon dswiglu fp8 16 warps exact": lambda: gluon_dswiglu_fp8(16, True),
     "gluon dswiglu fp8 4 warps": lambda: gluon_dswiglu_fp8(4),
     "gluon dswiglu fp8 16 warps persistent": lambda: gluon_dswiglu_fp8_persistent(16),
     "gluon dswiglu fp8 8 warps persistent": lambda: gluon_dswiglu_fp8_persistent(8),
-    "gluon dswiglu fp8 8 warps persistent ahead": lambda: gluon_dswiglu_fp8_persistent(8, ahead=True),
     "dswiglu fp8 8 warps": lambda: dswiglu_fp8(8),
     "dswiglu fp8 16 warps": lambda: dswiglu_fp8(16),
 }

@@ -299,8 +299,7 @@ def test_quantize_token_tiles_bad_arguments():
         quantize_token_tiles(src[:69], build_routing_plan(ids.to(DEVICE), E, 128))
 
 
-# (warps, exact cast[, programs per multiprocessor: the resident kernel])
-@pytest.mark.parametrize("variant", [(4, True), (8, False), (8, False, 1), (4, False, 2), (8, False, 2)])
+@pytest.mark.parametrize("variant", [(4, True), (8, False)])  # (warps, exact cast)
 def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
     """The Gluon token-tile quantizer (`quantize_gluon.token_tiles`) is quant.py bit for bit, outputs
     poisoned: every routing case (empty experts, spare tiles, a 1-row tile, contiguous rows, no rows),
@@ -317,9 +316,7 @@ def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
 
     launched = []
     real = quantize_gluon.launch
-    launched_fns = []
-    monkeypatch.setattr(quantize_gluon, "launch",
-                        lambda fn, *a, **kw: (launched.append(kw), launched_fns.append(fn), real(fn, *a, **kw)))
+    monkeypatch.setattr(quantize_gluon, "launch", lambda fn, *a, **kw: (launched.append(kw), real(fn, *a, **kw)))
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
     for case in ["uniform_k2", "k1", "empty_experts", "one_hot_expert", "skewed", "exact_128_and_129", "contiguous",
                  "no_rows"]:
@@ -334,8 +331,6 @@ def test_gluon_token_tile_quantizer_matches_quant(monkeypatch, variant):
     _assert_bitwise(quantize_token_tiles(src.to(DEVICE), build_routing_plan(ids.to(DEVICE), E, 128)), ref,
                     "gluon fp32, C=160")
     assert launched and all(kw["num_warps"] == variant[0] and kw["EXACT_CAST"] == variant[1] for kw in launched)
-    resident = [fn is quantize_gluon._token_tiles_persistent_kernel for fn in launched_fns]
-    assert all(resident) if len(variant) > 2 and variant[2] else not any(resident), resident
 
 
 def test_gluon_token_tile_quantizer_host_path(monkeypatch):

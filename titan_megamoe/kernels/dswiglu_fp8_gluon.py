@@ -31,7 +31,7 @@ from .common import multiprocessors, tma_ok
 from .epilogue import dswiglu_math_bf16, dswiglu_values_bf16
 from .fp8_rows_gluon import _cta_barrier, _descriptor, _tma_load
 from .launch import launch
-from .quantize_gluon import item_tile, real_items, store_rows_e4m3, store_token_tile_e4m3
+from .quantize_gluon import store_rows_e4m3, store_token_tile_e4m3
 
 
 @gluon.jit
@@ -80,6 +80,18 @@ def _dswiglu_fp8_kernel(q_ptr, g_ptr, u_ptr, scores_ptr, order_ptr, tile_expert_
 
 
 @gluon.jit
+def _real_items(tile_expert_ptr, num_tiles, num_n, num_warps: gl.constexpr):
+    """The work items of the real tiles (`schedule.real_tile_count` * num_n): the tiles with an expert are a
+    prefix of the plan's schedule, counted on the device so that no program walks the spare tail."""
+    layout: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
+    count = 0
+    for start in range(0, num_tiles, 4096):
+        offs = start + gl.arange(0, 4096, layout=layout)
+        count += gl.sum((gl.load(tile_expert_ptr + offs, mask=offs < num_tiles, other=-1) >= 0).to(gl.int32), axis=0)
+    return count * num_n
+
+
+@gluon.jit
 def _load_item(item, row0, stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem, ready):
     """TMA of work item `item`'s q, g, u blocks (its plan tile's 128 rows from the tile's first row `row0`, 128
     columns) into `stage`. Rows past the expert's end come in too (the next expert's, or TMA's zeros past N):
@@ -93,62 +105,25 @@ def _load_item(item, row0, stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem,
 
 
 @gluon.jit
-def _item_rows(row0, end, order_ptr, s_sorted_ptr, ld: gl.constexpr):
-    """`_item`'s per-row values from the item's first row and its expert's end row: the scores come from
-    their copy in sorted-row order, so no load waits for another's result."""
-    rows = row0 + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
-    row_ok = rows < end
-    return gl.load(order_ptr + rows, mask=row_ok, other=0), gl.load(s_sorted_ptr + rows, mask=row_ok, other=0.0)
+def _item_tile(item, items, num_n, tile_expert_ptr, tile_row_ptr):
+    """(first row, expert) of work item `item`'s plan tile, clamped into range."""
+    tile = gl.maximum(gl.minimum(item, items - 1), 0) // num_n
+    return gl.load(tile_row_ptr + tile), gl.load(tile_expert_ptr + tile)
 
 
 @gluon.jit
-def _stage_tiles(q_smem, g_smem, u_smem, row_ok, ld: gl.constexpr):
-    """q, g, u of a stage in fp32, the rows past the expert's end zero."""
-    q = gl.where(row_ok[:, None], q_smem.load(ld).to(gl.float32), 0.0)
-    g = gl.where(row_ok[:, None], g_smem.load(ld).to(gl.float32), 0.0)
-    u = gl.where(row_ok[:, None], u_smem.load(ld).to(gl.float32), 0.0)
-    return q, g, u
-
-
-@gluon.jit
-def _item_in_passes(q_smem, g_smem, u_smem, s, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr,
-                    du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P,
-                    EXACT_CAST: gl.constexpr, ld: gl.constexpr, num_warps: gl.constexpr):
-    """`_store_item`'s outputs in three passes over the stage, each reading q, g, u from shared memory again and
-    keeping one of s*h, dg, du (the other two are dead code there): one output tile live at a time instead
-    of three, so 16 warps fit their registers. Every value is `dswiglu_math_bf16`'s, as in one pass."""
-    n_ok = offs_n < H
-    q, g, u = _stage_tiles(q_smem, g_smem, u_smem, row_ok, ld)
-    _, _, hs, ds_part = dswiglu_math_bf16(q, g, u, s, False)
-    store_token_tile_e4m3(hst_ptr, hst_s_ptr, hs, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    gl.store(ds_part_ptr + routed.to(gl.int64) * (H // 128) + pid_n, ds_part, mask=row_ok)
-    q, g, u = _stage_tiles(q_smem, g_smem, u_smem, row_ok, ld)
-    dg, _, _, _ = dswiglu_math_bf16(q, g, u, s, False)
-    store_token_tile_e4m3(dgt_ptr, dgt_s_ptr, dg, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    store_rows_e4m3(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-    q, g, u = _stage_tiles(q_smem, g_smem, u_smem, row_ok, ld)
-    _, du, _, _ = dswiglu_math_bf16(q, g, u, s, False)
-    store_token_tile_e4m3(dut_ptr, dut_s_ptr, du, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    store_rows_e4m3(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-
-
-@gluon.jit
-def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, s_sorted_ptr, order_ptr, tile_expert_ptr,
-                                   tile_row_ptr, offsets_ptr, dg_ptr, dg_s_ptr, du_ptr, du_s_ptr, dgt_ptr, dgt_s_ptr,
-                                   dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P, num_tiles,
-                                   EXACT_CAST: gl.constexpr, AHEAD: gl.constexpr, PASSES: gl.constexpr,
-                                   num_warps: gl.constexpr):
+def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, order_ptr, tile_expert_ptr, tile_row_ptr,
+                                   offsets_ptr, dg_ptr, dg_s_ptr, du_ptr, du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr,
+                                   dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P, num_tiles,
+                                   EXACT_CAST: gl.constexpr, num_warps: gl.constexpr):
     # `_dswiglu_fp8_kernel`'s work (one item = one plan tile by 128 columns, the same outputs from the same
     # expressions), one program per multiprocessor walking items pid, pid + G, ...: q, g, u of the next item
     # come in through TMA (two stages in shared memory) while this item is computed and stored, where the
     # one-item programs (16 warps, 128 registers: one per multiprocessor) waited for their loads with every
-    # warp idle. AHEAD: each item's indices are loaded before the item they serve (its plan tile's first
-    # row and expert two items ahead, the expert's end one ahead, its rows' routed positions and scores
-    # one ahead, the scores from s_sorted), so no item waits for a chain of dependent loads (first row ->
-    # order -> scores) that every warp would wait for at once
+    # warp idle
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
     num_n = H // 128
-    items = real_items(tile_expert_ptr, num_tiles, num_n, num_warps)
+    items = _real_items(tile_expert_ptr, num_tiles, num_n, num_warps)
     pid = gl.program_id(0)
     G = gl.num_programs(0)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 128, 128], q_desc.layout)
@@ -158,15 +133,9 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, s_sorted_
     for st in gl.static_range(2):
         mbarrier.init(ready.index(st), count=1)
     fence_async_shared()
-    row0_a, expert_a = item_tile(pid, items, num_n, tile_expert_ptr, tile_row_ptr)
+    row0, _ = _item_tile(pid, items, num_n, tile_expert_ptr, tile_row_ptr)
     if pid < items:
-        _load_item(pid, row0_a, 0, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem, ready)
-    if AHEAD:
-        end_a = gl.load(offsets_ptr + gl.maximum(expert_a, 0) + 1)
-        routed_a, s_a = _item_rows(row0_a, end_a, order_ptr, s_sorted_ptr, ld)
-        row0_b, expert_b = item_tile(pid + G, items, num_n, tile_expert_ptr, tile_row_ptr)
-        end_b = gl.load(offsets_ptr + gl.maximum(expert_b, 0) + 1)
-        row0_c, expert_c = item_tile(pid + 2 * G, items, num_n, tile_expert_ptr, tile_row_ptr)
+        _load_item(pid, row0, 0, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem, ready)
     for i in range(gl.cdiv(items - pid, G)):
         item = pid + i * G
         stage = i % 2
@@ -174,65 +143,38 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, s_sorted_
         _cta_barrier()
         tile = item // num_n
         pid_n = item % num_n
-        if AHEAD:
-            if item + G < items:
-                _load_item(item + G, row0_b, 1 - stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem,
-                           ready)
-            routed_b, s_b = _item_rows(row0_b, end_b, order_ptr, s_sorted_ptr, ld)
-            end_c = gl.load(offsets_ptr + gl.maximum(expert_c, 0) + 1)
-            row0_d, expert_d = item_tile(item + 3 * G, items, num_n, tile_expert_ptr, tile_row_ptr)
-            rows = row0_a + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
-            row_ok = rows < end_a
-            offs_n = pid_n * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
-            routed = routed_a
-            s = s_a
-        else:
-            if item + G < items:
-                row0_next, _ = item_tile(item + G, items, num_n, tile_expert_ptr, tile_row_ptr)
-                _load_item(item + G, row0_next, 1 - stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem,
-                           ready)
-            expert = gl.load(tile_expert_ptr + tile)
-            rows, row_ok, offs_n, routed, s = _item(tile, pid_n, expert, tile_row_ptr, offsets_ptr, order_ptr,
-                                                    scores_ptr, ld)
+        if item + G < items:
+            row0_next, _ = _item_tile(item + G, items, num_n, tile_expert_ptr, tile_row_ptr)
+            _load_item(item + G, row0_next, 1 - stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem, ready)
+        expert = gl.load(tile_expert_ptr + tile)
+        rows, row_ok, offs_n, routed, s = _item(tile, pid_n, expert, tile_row_ptr, offsets_ptr, order_ptr, scores_ptr,
+                                                ld)
         mbarrier.wait(ready.index(stage), (i // 2) & 1)
-        if PASSES:
-            _item_in_passes(q_smem.index(stage), g_smem.index(stage), u_smem.index(stage), s, tile, pid_n, rows,
-                            row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr, du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr,
-                            dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P, EXACT_CAST, ld, num_warps)
-        else:
-            q = gl.where(row_ok[:, None], q_smem.index(stage).load(ld).to(gl.float32), 0.0)
-            g = gl.where(row_ok[:, None], g_smem.index(stage).load(ld).to(gl.float32), 0.0)
-            u = gl.where(row_ok[:, None], u_smem.index(stage).load(ld).to(gl.float32), 0.0)
-            dg, du, hs, ds_part = dswiglu_math_bf16(q, g, u, s, False)
-            _store_item(dg, du, hs, ds_part, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr,
-                        du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P,
-                        EXACT_CAST, num_warps)
-        if AHEAD:
-            row0_a, end_a, routed_a, s_a = row0_b, end_b, routed_b, s_b
-            row0_b, end_b = row0_c, end_c
-            row0_c, expert_c = row0_d, expert_d
+        q = gl.where(row_ok[:, None], q_smem.index(stage).load(ld).to(gl.float32), 0.0)
+        g = gl.where(row_ok[:, None], g_smem.index(stage).load(ld).to(gl.float32), 0.0)
+        u = gl.where(row_ok[:, None], u_smem.index(stage).load(ld).to(gl.float32), 0.0)
+        dg, du, hs, ds_part = dswiglu_math_bf16(q, g, u, s, False)
+        _store_item(dg, du, hs, ds_part, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr,
+                    du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P, EXACT_CAST,
+                    num_warps)
     for st in gl.static_range(2):
         mbarrier.invalidate(ready.index(st))
 
 
 def dswiglu_fp8(q_NH, g_NH, u_NH, scores_N, plan, row_args, tile_args, ds_part, num_warps: int,
-                exact_cast: bool, persistent: bool | str = False) -> None:
+                exact_cast: bool, persistent: bool = False) -> None:
     """Fill `dgrad_swiglu._dswiglu_fp8`'s outputs (allocated there): row_args (dg, dg_scale, du, du_scale),
     tile_args (dgT, its scale, duT, its scale, hsT, its scale; [H, P], P = plan.layout.num_tiles * 128),
     ds_part [N, H / 128]. `persistent`: `_dswiglu_fp8_persistent_kernel` (q, g, u through TMA, one program per
-    multiprocessor; "ahead": with each item's indices loaded before the item; "passes": its outputs in three
-    passes, `_item_in_passes`; "ahead passes": both) where TMA can read them
-    (contiguous bf16 rows), else the one-item kernel."""
+    multiprocessor) where TMA can read them (contiguous bf16 rows), else the one-item kernel."""
     H = g_NH.shape[1]
     num_tiles = plan.layout.num_tiles
     if persistent and all(t.dtype == torch.bfloat16 for t in (q_NH, g_NH, u_NH)) and tma_ok(q_NH, g_NH, u_NH):
-        ahead, passes = persistent in ("ahead", "ahead passes"), persistent in ("passes", "ahead passes")
-        s_sorted = scores_N.index_select(0, plan.order_N) if ahead else scores_N
         q, g, u = (_descriptor(t, 128, gl.bfloat16) for t in (q_NH, g_NH, u_NH))  # [128, 128] bf16 tiles
         launch(_dswiglu_fp8_persistent_kernel, (min(multiprocessors(q_NH.device), num_tiles * (H // 128)),),
-               q, g, u, scores_N, s_sorted, plan.order_N, plan.tile_expert,
+               q, g, u, scores_N, plan.order_N, plan.tile_expert,
                plan.tile_row, plan.offsets_E1, *row_args, *tile_args, ds_part, H, num_tiles * 128, num_tiles,
-               EXACT_CAST=exact_cast, AHEAD=ahead, PASSES=passes, num_warps=num_warps)
+               EXACT_CAST=exact_cast, num_warps=num_warps)
         return
     launch(_dswiglu_fp8_kernel, (num_tiles * (H // 128),), q_NH, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert,
            plan.tile_row, plan.offsets_E1, *row_args, *tile_args, ds_part, H, num_tiles * 128, EXACT_CAST=exact_cast,

@@ -275,7 +275,7 @@ _TOKEN_TILE_WARPS = 4
 # dout's sorted rows and tiles were one pass of these kernels until 2026-12-06 (`with_tiles`, removed): its
 # rows as x's are made (`quantize_sorted_rows`) and then its tiles here measured faster, 548 against 625 us
 # (30B-A3B) and 1093 against 1304 us (235B-A22B) on an H100 (docs/results/bench_row_kernels_20261206T063144.json)
-_TOKEN_TILE_GLUON: tuple[int, bool] | tuple[int, bool, int] | None = (4, False)  # (+ programs per SM: resident)
+_TOKEN_TILE_GLUON: tuple[int, bool] | None = (4, False)
 
 
 def quantize_token_tiles(src_RC: torch.Tensor, plan: RoutingPlan, sorted_rows: bool = False) -> BlockScaled:

@@ -26,10 +26,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from .common import E4M3_MAX, e4m3_scale, multiprocessors, to_e4m3
-from .fp8_rows_gluon import _cp_async
+from .common import E4M3_MAX, e4m3_scale, to_e4m3
 from .launch import launch
 
 BLOCK = 128  # the weight scale block, both dimensions (host code)
@@ -45,12 +43,10 @@ def _e4m3(x, inv_scale, EXACT_CAST: gl.constexpr):
 
 @gluon.jit
 def store_rows_e4m3(data_ptr, scale_ptr, x, rows, row_ok, cols, col_ok, C, col_block, EXACT_CAST: gl.constexpr):
-    """x [rows, 128 columns] (fp32 or bf16, any layout) quantized along each row, one 1x128 block: data
-    [N, C] e4m3 at `rows`, scale [N, C / 128] at column `col_block`. bf16 is converted to fp32 here, where it
-    is used, so that a caller holding several tiles keeps them at 2 bytes an element."""
-    row_scale, row_inv = e4m3_scale(gl.max(gl.abs(x), axis=1).to(gl.float32))
-    gl.store(data_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :],
-             _e4m3(x.to(gl.float32), row_inv[:, None], EXACT_CAST),
+    """x [rows, 128 columns] (fp32, any layout) quantized along each row, one 1x128 block: data [N, C] e4m3
+    at `rows`, scale [N, C / 128] at column `col_block`."""
+    row_scale, row_inv = e4m3_scale(gl.max(gl.abs(x), axis=1))
+    gl.store(data_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :], _e4m3(x, row_inv[:, None], EXACT_CAST),
              mask=row_ok[:, None] & col_ok[None, :])
     gl.store(scale_ptr + rows.to(gl.int64) * (C // 128) + col_block, row_scale, mask=row_ok)
 
@@ -58,40 +54,19 @@ def store_rows_e4m3(data_ptr, scale_ptr, x, rows, row_ok, cols, col_ok, C, col_b
 @gluon.jit
 def store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col0, C, P, EXACT_CAST: gl.constexpr,
                           num_warps: gl.constexpr):
-    """x [128 rows of plan tile `tile`, 128 columns from col0] (fp32 or bf16, as `store_rows_e4m3`; rows past
-    the expert's end zero)
+    """x [128 rows of plan tile `tile`, 128 columns from col0] (fp32; rows past the expert's end zero)
     quantized along each column, one block over the tile's rows, into the token-tile layout
     (`quant.quantize_token_tiles`): data [C, P] e4m3 at columns 128 * tile + row, scale [C, P / 128] at
     [c, tile]. The e4m3 tile (1 byte an element) changes layout through shared memory so that each thread
     stores 16 consecutive rows of one column: 16 bytes along a row of data."""
     st_t: gl.constexpr = gl.BlockedLayout([16, 1], [8, 4], [1, num_warps], [0, 1])
-    scale, inv = e4m3_scale(gl.max(gl.abs(x), axis=0).to(gl.float32))
-    q_t = gl.convert_layout(_e4m3(x.to(gl.float32), inv[None, :], EXACT_CAST), st_t)
+    scale, inv = e4m3_scale(gl.max(gl.abs(x), axis=0))
+    q_t = gl.convert_layout(_e4m3(x, inv[None, :], EXACT_CAST), st_t)
     i_t = gl.arange(0, 128, layout=gl.SliceLayout(1, st_t))
     cols_t = (col0 + gl.arange(0, 128, layout=gl.SliceLayout(0, st_t))).to(gl.int64)
     gl.store(data_ptr + cols_t[None, :] * P + tile * 128 + i_t[:, None], q_t, mask=(cols_t < C)[None, :])
     cols = (col0 + gl.arange(0, 128, layout=scale.type.layout)).to(gl.int64)
     gl.store(scale_ptr + cols * (P // 128) + tile, scale, mask=cols < C)
-
-
-@gluon.jit
-def real_items(tile_expert_ptr, num_tiles, num_n, num_warps: gl.constexpr):
-    """The work items of the real tiles (`schedule.real_tile_count` * num_n): the tiles with an expert are a
-    prefix of the plan's schedule, counted on the device so that no program walks the spare tail."""
-    layout: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
-    count = 0
-    for start in range(0, num_tiles, 4096):
-        offs = start + gl.arange(0, 4096, layout=layout)
-        count += gl.sum((gl.load(tile_expert_ptr + offs, mask=offs < num_tiles, other=-1) >= 0).to(gl.int32), axis=0)
-    return count * num_n
-
-
-@gluon.jit
-def item_tile(item, items, num_n, tile_expert_ptr, tile_row_ptr):
-    """(first row, expert) of work item `item`'s plan tile, clamped into range: the items past a program's
-    last one read the last item's and are never run."""
-    tile = gl.maximum(gl.minimum(item, items - 1), 0) // num_n
-    return gl.load(tile_row_ptr + tile), gl.load(tile_expert_ptr + tile)
 
 
 @gluon.jit
@@ -155,77 +130,6 @@ def _token_tiles_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offse
     store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col_block * 128, C, num_tiles * 128, EXACT_CAST, num_warps)
 
 
-@gluon.jit
-def _tile_sources(row0, expert, N, order_ptr, offsets_ptr, rows_per_token, GATHER: gl.constexpr, ld: gl.constexpr):
-    """(source row of each of the 128 rows from row0, the expert's end row; 0 for a spare tile): the two
-    loads are independent (order's masked by N, not by the end), so both are in flight at once."""
-    rows = row0 + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
-    end = gl.where(expert >= 0, gl.load(offsets_ptr + gl.maximum(expert, 0) + 1), 0)
-    if GATHER:
-        src = gl.load(order_ptr + rows, mask=rows < N, other=0) // rows_per_token
-    else:
-        src = rows
-    return src, end
-
-
-@gluon.jit
-def _copy_tile(src_ptr, src, row0, end, col0, C, stride_r, smem, ld: gl.constexpr):
-    """Asynchronous copies (cp.async, 16 bytes each) of one item's 128 source rows x 128 columns into `smem`,
-    in `ld`: each thread later reads back exactly what it copied."""
-    rows = row0 + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
-    cols = col0 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
-    _cp_async(smem, src_ptr + src.to(gl.int64)[:, None] * stride_r + cols[None, :],
-              mask=(rows < end)[:, None] & (cols < C)[None, :])
-
-
-@gluon.jit
-def _token_tiles_persistent_kernel(src_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, data_ptr,
-                                   scale_ptr, C, N, num_tiles, rows_per_token, stride_r, GATHER: gl.constexpr,
-                                   EXACT_CAST: gl.constexpr, num_warps: gl.constexpr):
-    # `_token_tiles_kernel`'s items (plan tile x 128 columns, spare tiles too: written as zeros, scale 1),
-    # walked by resident programs: item i + 1's source rows are copied into shared memory (two stages) while
-    # item i is quantized and stored, and the indices those copies need are loaded before: the first row
-    # and expert of item i + 3, the sources and end of item i + 2. One program per item waited for that chain
-    # of loads (first row -> order -> the rows themselves) with nothing else to do (3 programs an SM).
-    # src's columns are contiguous (stride 1: the wrapper checks)
-    ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
-    num_c = gl.cdiv(C, 128)
-    items = num_tiles * num_c
-    pid = gl.program_id(0)
-    G = gl.num_programs(0)
-    smem = gl.allocate_shared_memory(src_ptr.dtype.element_ty, [2, 128, 128],
-                                     gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    row0_a, expert_a = item_tile(pid, items, num_c, tile_expert_ptr, tile_row_ptr)
-    src_a, end_a = _tile_sources(row0_a, expert_a, N, order_ptr, offsets_ptr, rows_per_token, GATHER, ld)
-    if pid < items:
-        _copy_tile(src_ptr, src_a, row0_a, end_a, (pid % num_c) * 128, C, stride_r, smem.index(0), ld)
-    async_copy.commit_group()
-    row0_b, expert_b = item_tile(pid + G, items, num_c, tile_expert_ptr, tile_row_ptr)
-    src_b, end_b = _tile_sources(row0_b, expert_b, N, order_ptr, offsets_ptr, rows_per_token, GATHER, ld)
-    row0_c, expert_c = item_tile(pid + 2 * G, items, num_c, tile_expert_ptr, tile_row_ptr)
-    for i in range(gl.cdiv(items - pid, G)):
-        item = pid + i * G
-        stage = i % 2
-        # the other stage was read by the same threads in the previous iteration: refill it with item i + 1
-        if item + G < items:
-            _copy_tile(src_ptr, src_b, row0_b, end_b, ((item + G) % num_c) * 128, C, stride_r,
-                       smem.index(1 - stage), ld)
-        async_copy.commit_group()
-        src_c, end_c = _tile_sources(row0_c, expert_c, N, order_ptr, offsets_ptr, rows_per_token, GATHER, ld)
-        row0_d, expert_d = item_tile(item + 3 * G, items, num_c, tile_expert_ptr, tile_row_ptr)
-        async_copy.wait_group(1)  # this thread's copies of item i have landed
-        rows = row0_a + gl.arange(0, 128, layout=gl.SliceLayout(1, ld))
-        cols = (item % num_c) * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, ld))
-        ok = (rows < end_a)[:, None] & (cols < C)[None, :]
-        x = gl.where(ok, smem.index(stage).load(ld).to(gl.float32), 0.0)
-        store_token_tile_e4m3(data_ptr, scale_ptr, x, item // num_c, (item % num_c) * 128, C, num_tiles * 128,
-                              EXACT_CAST, num_warps)
-        row0_a, end_a = row0_b, end_b
-        row0_b, src_b, end_b = row0_c, src_c, end_c
-        row0_c, expert_c = row0_d, expert_d
-    async_copy.wait_group(0)
-
-
 def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool, num_warps: int,
                 exact_cast: bool) -> None:
     """Fill data_t/scale_t (and data/scale when `write_w`) from w [E, R, C] (R, C multiples of 128; the
@@ -237,28 +141,11 @@ def weight_pair(w_ERC: torch.Tensor, data, scale, data_t, scale_t, write_w: bool
 
 
 def token_tiles(src_RC: torch.Tensor, plan, K: int, gather: bool, data, scale, num_warps: int,
-                exact_cast: bool, per_multiprocessor: int = 0) -> None:
+                exact_cast: bool) -> None:
     """`quantize._token_tiles`' kernel in Gluon: fill the token tiles `data` [C, P] and `scale` [C, P / 128] from
     src_RC's rows in the plan's order (gathered through plan.order_N // K, or src_RC's own rows when not
-    `gather`). `per_multiprocessor` > 0: `_token_tiles_persistent_kernel` with that many programs per
-    multiprocessor (the next item's rows copied in while this one is stored) where its 16-byte copies can
-    read src (bf16 or fp32, columns contiguous, rows 16-byte aligned); else one program per item."""
+    `gather`)."""
     C = src_RC.shape[1]
-    num_tiles = plan.layout.num_tiles
-    if per_multiprocessor and _copyable_rows(src_RC):
-        grid = min(per_multiprocessor * multiprocessors(src_RC.device), num_tiles * triton.cdiv(C, BLOCK))
-        launch(_token_tiles_persistent_kernel, (grid,), src_RC, plan.order_N, plan.tile_expert, plan.tile_row,
-               plan.offsets_E1, data, scale, C, plan.order_N.shape[0], num_tiles, K, src_RC.stride(0),
-               GATHER=gather, EXACT_CAST=exact_cast, num_warps=num_warps)
-        return
     launch(_token_tiles_kernel, (plan.layout.num_tiles, triton.cdiv(C, BLOCK)), src_RC, plan.order_N,
            plan.tile_expert, plan.tile_row, plan.offsets_E1, data, scale, C, plan.layout.num_tiles, K,
            src_RC.stride(0), src_RC.stride(1), GATHER=gather, EXACT_CAST=exact_cast, num_warps=num_warps)
-
-
-def _copyable_rows(src_RC: torch.Tensor) -> bool:
-    """Rows that 16-byte asynchronous copies can read: bf16 or fp32, contiguous columns, every row 16-byte
-    aligned."""
-    size = src_RC.element_size()
-    return (src_RC.dtype in (torch.bfloat16, torch.float32) and src_RC.stride(1) == 1
-            and (src_RC.stride(0) * size) % 16 == 0 and src_RC.data_ptr() % 16 == 0)
