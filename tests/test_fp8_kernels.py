@@ -107,6 +107,29 @@ def test_fp8_is_measurably_fp8():
         assert err(fp8_bwd, name) > 4 * err(bf16, name), name
 
 
+@pytest.mark.skipif(GPU, reason="records the interpreter's launches (the GPU path's weight copies are Gluon kernels)")
+def test_fp8_forward_launches_the_weight_copies_before_the_routing_plan(monkeypatch):
+    """The weight copies need no routing: launched first, the GPU runs them while the host builds the plan
+    (`pipeline.fused_moe_forward`). bf16 launches none."""
+    import triton.runtime.interpreter as interpreter
+
+    launched = []
+    real = interpreter.InterpretedFunction.__getitem__
+    monkeypatch.setattr(interpreter.InterpretedFunction, "__getitem__",
+                        lambda self, grid: (launched.append(self.fn.__name__), real(self, grid))[1])
+    case = make_case(40, 128, 128, 4, 2, "random", device=DEVICE, seed=3)
+    for precision in ("fp8", "bf16"):
+        launched.clear()
+        with torch.no_grad():
+            _fused(precision)(*case.inputs())
+        weights = [i for i, name in enumerate(launched) if name == "_quantize_weight_pair_kernel"]
+        plan = launched.index("_chunk_histogram_kernel")
+        if precision == "fp8":
+            assert len(weights) == 3 and max(weights) < plan, launched
+        else:
+            assert not weights, launched
+
+
 @pytest.mark.parametrize("precision", ["fp8", "fp8_bwd"])
 def test_fused_adamw_updates_reach_the_fp8_weights(precision):
     """Training steps with torch's fused AdamW (TorchTitan's default optimizer) under activation

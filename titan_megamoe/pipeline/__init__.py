@@ -16,15 +16,18 @@ import torch
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
 from . import dispatch as local
-from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward, residual_shapes
+from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward, quantized_weights, residual_shapes
 
 
 def fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe):
     """(out [T, D] in x's dtype, residuals: list of tensors)."""
     E, H, D = w1_EHD.shape
     check_kernel_shapes(D, H)
+    # block FP8's weight copies first: they need no routing, so the GPU runs them while the host builds the
+    # plan (a synchronised call's GPU otherwise idled through that host time)
+    weights = quantized_weights(w1_EHD, w2_EDH, w3_EHD, recipe)
     d = local.dispatch(x_TD, topk_ids_TK, topk_scores_TK, E, recipe)
-    y_ND, ffn_residuals = ffn_forward(d.rows_RD, d.plan, w1_EHD, w2_EDH, w3_EHD, recipe)
+    y_ND, ffn_residuals = ffn_forward(d.rows_RD, d.plan, w1_EHD, w2_EDH, w3_EHD, recipe, weights=weights)
     out = local.combine_forward(y_ND, d, x_TD.dtype)
     # asserted after the launches, off the GPU's critical path: a bad id cannot make the kernels read out
     # of bounds (they only visit sorted rows inside [offsets[0], offsets[E]), and order is a permutation)
