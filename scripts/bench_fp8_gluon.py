@@ -49,6 +49,14 @@ def _triton_reference():
     }
 
 
+def time_against_triton(rec: dict, call, do_bench, flop: float, triton_us: float) -> str:
+    """Time a checked variant into `rec` (us: `do_bench` median; TFLOP/s; speedup over the Triton kernel's
+    `triton_us`) and return the line printed for it."""
+    us = do_bench(call, warmup=10, rep=200) * 1e3
+    rec.update(us=us, tflops=flop / (us * 1e-6) / 1e12, speedup_vs_triton=triton_us / us)
+    return f"{us:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)"
+
+
 def pinned(shape: str, kernel: str, call):
     """`call` with the Triton reference config of `kernel` at `shape` in force."""
     from titan_megamoe.kernels.configs import override_tile_config
@@ -140,11 +148,7 @@ def bench_gemm1(shape, plan, E, D, H, check_rows, rows_of, off, do_bench, rows_o
             ok = (not rec["nan"] and rec["rel_err_vs_fp64"] <= 1.01 * row["triton_rel_err_vs_fp64"] + 1e-6
                   and rec["max_rel_diff_vs_triton"] < 2 ** -7 and rec["h_rel_l2_vs_triton"] < 1e-2)
             rec["ok"] = ok
-            if ok:
-                us = do_bench(call, warmup=10, rep=200) * 1e3
-                rec.update(us=us, tflops=flop / (us * 1e-6) / 1e12, speedup_vs_triton=t_us / us)
-            timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)" if ok
-                      else "WRONG, not timed")
+            timing = time_against_triton(rec, call, do_bench, flop, t_us) if ok else "WRONG, not timed"
             print(f"  gluon gemm1 {bm}x{bn} w{warps} s{stages}{' ws' * ws}: {timing}; "
                   f"g bitwise {rec['bitwise_equal_fraction']:.4f}, "
                   f"h bitwise {rec['h_bitwise_equal_fraction']:.4f}, max rel diff {rec['max_rel_diff_vs_triton']:.2e}, "
@@ -276,13 +280,7 @@ def main():
                     ok = not rec["nan"] and rec["rel_err_vs_fp64"] <= 1.01 * row["triton_rel_err_vs_fp64"] + 1e-6 \
                         and rec["max_rel_diff_vs_triton"] < 2 ** -7
                     rec["ok"] = ok
-                    if ok:
-                        us = do_bench(call, warmup=10, rep=200) * 1e3
-                        rec["us"] = us
-                        rec["tflops"] = flop / (us * 1e-6) / 1e12
-                        rec["speedup_vs_triton"] = t_us / us
-                    timing = (f"{rec['us']:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x)"
-                              if ok else "WRONG, not timed")
+                    timing = time_against_triton(rec, call, do_bench, flop, t_us) if ok else "WRONG, not timed"
                     print(f"  gluon {bm}x{bn} w{warps} s{stages}{' ws' * ws}{' staged' * staged}: {timing}; bitwise "
                           f"{rec['bitwise_equal_fraction']:.4f}, max rel diff {rec['max_rel_diff_vs_triton']:.2e}, "
                           f"err {rec['rel_err_vs_fp64']:.2e}", flush=True)

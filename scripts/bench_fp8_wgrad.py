@@ -23,6 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fp8_gluon import time_against_triton  # noqa: E402
 from bench_layer import environment, result_path  # noqa: E402
 
 SHAPES = {"30b": (2048, 768, 128, 8, 16384), "235b": (4096, 1536, 128, 8, 16384)}  # D, H, E, K, T
@@ -105,10 +106,7 @@ def main():
                         float(((o.float() - r.float()).abs() / r.float().abs().clamp_min(1e-3)).max())
                         for o, r in zip(outs, ref))
                     if not rec["nan"] and rec["max_rel_diff_vs_triton"] < 2 ** -7:  # within bf16 rounding
-                        us = do_bench(call, warmup=10, rep=200) * 1e3
-                        rec.update(us=us, tflops=flop / (us * 1e-6) / 1e12, speedup_vs_triton=t_us / us)
-                        msg = (f"{us:.1f} us ({rec['tflops']:.0f} TFLOP/s, {rec['speedup_vs_triton']:.2f}x), "
-                               f"bitwise {rec['bitwise_equal']}")
+                        msg = f"{time_against_triton(rec, call, do_bench, flop, t_us)}, bitwise {rec['bitwise_equal']}"
                     else:
                         msg = "WRONG, not timed"
                 except Exception as e:  # a variant that fails is reported, the rest still run
