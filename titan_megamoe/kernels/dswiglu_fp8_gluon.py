@@ -105,10 +105,9 @@ def _load_item(item, row0, stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem,
 
 
 @gluon.jit
-def _item_tile(item, items, num_n, tile_expert_ptr, tile_row_ptr):
-    """(first row, expert) of work item `item`'s plan tile, clamped into range."""
-    tile = gl.maximum(gl.minimum(item, items - 1), 0) // num_n
-    return gl.load(tile_row_ptr + tile), gl.load(tile_expert_ptr + tile)
+def _item_row0(item, items, num_n, tile_row_ptr):
+    """The first row of work item `item`'s plan tile, the item clamped into range."""
+    return gl.load(tile_row_ptr + gl.maximum(gl.minimum(item, items - 1), 0) // num_n)
 
 
 @gluon.jit
@@ -133,7 +132,7 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, order_ptr
     for st in gl.static_range(2):
         mbarrier.init(ready.index(st), count=1)
     fence_async_shared()
-    row0, _ = _item_tile(pid, items, num_n, tile_expert_ptr, tile_row_ptr)
+    row0 = _item_row0(pid, items, num_n, tile_row_ptr)
     if pid < items:
         _load_item(pid, row0, 0, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem, ready)
     for i in range(gl.cdiv(items - pid, G)):
@@ -144,7 +143,7 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, order_ptr
         tile = item // num_n
         pid_n = item % num_n
         if item + G < items:
-            row0_next, _ = _item_tile(item + G, items, num_n, tile_expert_ptr, tile_row_ptr)
+            row0_next = _item_row0(item + G, items, num_n, tile_row_ptr)
             _load_item(item + G, row0_next, 1 - stage, num_n, q_desc, g_desc, u_desc, q_smem, g_smem, u_smem, ready)
         expert = gl.load(tile_expert_ptr + tile)
         rows, row_ok, offs_n, routed, s = _item(tile, pid_n, expert, tile_row_ptr, offsets_ptr, order_ptr, scores_ptr,

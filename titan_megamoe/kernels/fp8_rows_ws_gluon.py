@@ -50,7 +50,7 @@ PRODUCER_REGS = 24  # the producer only computes addresses and loop counters
 # a producer that also copies each stage's scales (`_stage_row_scales`, `fp8_wgrad_ws_gluon._stage_scales`)
 STAGING_PRODUCER_REGS = 32
 # the row GEMMs' row scales: copied into each stage by the producer (as the weight gradient's are), or
-# loaded by the consumers per K block (the default until the staged form is timed on a GPU)
+# loaded by the consumers per K block (the default until 02c83d1; docs/kernels.md, "Scales from the exponent bits")
 STAGED_SCALES = True
 # 12 warps at launch (two consumer warpgroups, the producer's warp rounded up to a warpgroup): each thread
 # may start with at most 65536 / (12 * 32) registers, rounded down to 8; the partitions then rebalance
