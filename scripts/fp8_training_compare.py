@@ -10,6 +10,9 @@ path and precision, dense layers' float8 Linear recipe, torch.compile), and writ
 - loss: per step, |mega_moe fp8 - mega_moe bf16| beside |stock float8 - stock bf16| over the same
   steps (the arms with the most steps), as mean, median, max and mean over the second half; each is
   held against stock's (TorchTitan's own FP8 recipe is the accepted tolerance) and reported met or not.
+  Beside them, not part of the rule: each pair's signed mean (a curve that stays below or above the other
+  shows there, where the |difference| cannot say which) and the bf16 floor |mega_moe bf16 - stock bf16|,
+  two bf16 runs that differ only in summation order (and, arms of separate A/B runs, in the run).
 
     python scripts/fp8_training_compare.py AB_DIR_OR_JSON[:ARM[,ARM]] [...] --out docs/results/fp8_training_<stamp>
 
@@ -90,9 +93,15 @@ def _pick(arms: list[dict], pred, what: str, longest: bool = False) -> dict:
     return max(found, key=key)
 
 
-def _stats(diffs: list[float]) -> dict:
+RULE_STATS = ("mean_abs", "median_abs", "max_abs", "mean_abs_last_half")  # the loss rule's statistics
+
+
+def _stats(signed: list[float]) -> dict:
+    """The rule's statistics of |a - b| per step, and the signed mean (a - b) over all and the second half."""
+    diffs, half = [abs(d) for d in signed], len(signed) // 2
     return {"mean_abs": statistics.fmean(diffs), "max_abs": max(diffs), "median_abs": statistics.median(diffs),
-            "mean_abs_last_half": statistics.fmean(diffs[len(diffs) // 2:])}
+            "mean_abs_last_half": statistics.fmean(diffs[half:]), "mean_signed": statistics.fmean(signed),
+            "mean_signed_last_half": statistics.fmean(signed[half:])}
 
 
 def loss_rule(arms: list[dict]) -> dict:
@@ -104,14 +113,15 @@ def loss_rule(arms: list[dict]) -> dict:
     steps = sorted(set(mega8["losses"]) & set(mega16["losses"]) & set(stock16["losses"]) & set(stock8["losses"]))
     if not steps:
         raise SystemExit("the four arms of the loss rule share no logged step")
-    mega = [abs(mega8["losses"][s] - mega16["losses"][s]) for s in steps]
-    stock = [abs(stock8["losses"][s] - stock16["losses"][s]) for s in steps]
+    mega = [mega8["losses"][s] - mega16["losses"][s] for s in steps]
+    stock = [stock8["losses"][s] - stock16["losses"][s] for s in steps]
+    floor = [mega16["losses"][s] - stock16["losses"][s] for s in steps]
     ms, ss = _stats(mega), _stats(stock)
     return {"steps": len(steps), "arms": {"mega_moe_fp8": mega8["label"], "mega_moe_bf16": mega16["label"],
                                           "stock_float8": stock8["label"], "stock_bf16": stock16["label"]},
-            "mega_moe_fp8_vs_bf16": ms, "stock_float8_vs_bf16": ss,
-            "met": {k: ms[k] <= ss[k] for k in ms},
-            "per_step": {s: {"mega_moe": m, "stock": t} for s, m, t in zip(steps, mega, stock)},
+            "mega_moe_fp8_vs_bf16": ms, "stock_float8_vs_bf16": ss, "bf16_floor": _stats(floor),
+            "met": {k: ms[k] <= ss[k] for k in RULE_STATS},
+            "per_step": {s: {"mega_moe": abs(m), "stock": abs(t)} for s, m, t in zip(steps, mega, stock)},
             "curves": {name: [a["losses"][s] for s in steps]
                        for name, a in (("mega_moe_fp8", mega8), ("mega_moe_bf16", mega16),
                                        ("stock_float8", stock8), ("stock_bf16", stock16))}}
@@ -147,17 +157,21 @@ def markdown(result: dict) -> str:
                      f"{'met' if s['met'] else 'MISSED'}")
     lines += ["- arms of different A/B runs ran one after another in separate processes on the same GPU",
               "", f"## Loss over {lr['steps']} steps (per-step |difference| of the printed losses)", "",
-              "| pair | mean | median | max | mean, second half |", "|---|---|---|---|---|"]
+              "| pair | mean | median | max | mean, second half | signed mean | signed, second half |",
+              "|---|---|---|---|---|---|---|"]
     for key, name in (("mega_moe_fp8_vs_bf16", f"{lr['arms']['mega_moe_fp8']} - {lr['arms']['mega_moe_bf16']}"),
-                      ("stock_float8_vs_bf16", f"{lr['arms']['stock_float8']} - {lr['arms']['stock_bf16']}")):
+                      ("stock_float8_vs_bf16", f"{lr['arms']['stock_float8']} - {lr['arms']['stock_bf16']}"),
+                      ("bf16_floor", f"bf16 floor, not in the rule: {lr['arms']['mega_moe_bf16']} - "
+                                     f"{lr['arms']['stock_bf16']}")):
         s = lr[key]
         lines.append(f"| {name} | {s['mean_abs']:.5f} | {s['median_abs']:.5f} | {s['max_abs']:.5f} | "
-                     f"{s['mean_abs_last_half']:.5f} |")
+                     f"{s['mean_abs_last_half']:.5f} | {s['mean_signed']:+.5f} | {s['mean_signed_last_half']:+.5f} |")
     met = lr["met"]
     verdicts = ", ".join(f"{k.replace('_abs', '').replace('_', ' ')} {'met' if v else 'MISSED'}" for k, v in met.items())
     lines += ["", f"mega_moe's difference no larger than stock's, statistic by statistic: {verdicts} "
               f"({'all met' if all(met.values()) else 'not all met'}). Each pair's arms may come from separate "
-              "A/B runs (non-deterministic, same seed): no run-to-run noise floor of a pair is part of this.", ""]
+              "A/B runs (non-deterministic, same seed). The bf16 floor row is two bf16 runs whose experts differ only in "
+              "summation order: what a difference of the two FP8 pairs beyond it owes to FP8 (or to the run).", ""]
     lines += ["## Environment of each A/B file", ""]
     for source, env in {Path(a["source"]).name: a["environment"] for a in result["arms"]}.items():
         lines.append(f"- `{source}`: {env.get('date')}, {env.get('device')}, {json.dumps(env.get('versions'))}, "

@@ -54,4 +54,8 @@ def test_compare_names_arms_and_computes_targets(tmp_path):
     assert lr["per_step"]["2"]["mega_moe"] == abs(step2["m8"] - step2["m16"])
     assert lr["per_step"]["2"]["stock"] == abs(step2["s8"] - step2["s16"])
     assert lr["mega_moe_fp8_vs_bf16"]["max_abs"] > 0  # FP8 ran: its losses differ from bf16's
+    # signed, second half (step 2 of 2): which curve is below, and the bf16 floor (mega bf16 - stock bf16)
+    assert lr["mega_moe_fp8_vs_bf16"]["mean_signed_last_half"] == step2["m8"] - step2["m16"]
+    assert lr["bf16_floor"]["mean_signed_last_half"] == step2["m16"] - step2["s16"]
+    assert sorted(lr["met"]) == sorted(["mean_abs", "median_abs", "max_abs", "mean_abs_last_half"])
     assert (out / "compare.png").stat().st_size > 0 and "Loss over 2 steps" in (out / "compare.md").read_text()
