@@ -19,6 +19,10 @@ BLOCK_N 128 (`_consumer_full`): the item's 128 columns in one pass, a stage hold
 one MMA into g's accumulator and one into u's per K block: x's tile is read once per K block instead of
 twice. 1.18-1.21x the two-half form at Qwen3 shapes on an H100 (docs/kernels.md, "Wider items"), bitwise the
 same g, u and h.
+
+h goes to e4m3 by the hardware cast (`quantize_gluon.e4m3_cast`), not `common.to_e4m3`'s rounding in fp32 first
+(the Triton kernels' guard against Triton 3.6's miscast in programs that store a tile twice; this one stores h
+once): h's row scale keeps every |h / scale| <= 448, so the two give the same bytes.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import cast_rne, e4m3_scale, new_output, to_e4m3
+from .common import cast_rne, e4m3_scale, new_output
 from .epilogue import swiglu
 from .fp8_rows_gluon import SCALE_BLOCK, _descriptor, _tma_load, plan_row_tile
 from .fp8_rows_ws_gluon import HALF_M, launch_ws, ring, ring_done
+from .quantize_gluon import e4m3_cast
 
 
 @gluon.jit
@@ -121,8 +126,8 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
             # h in e4m3, one scale per row over the two halves' 128 columns (`epilogue.store_row_halves_fp8`)
             h_scale, h_inv = e4m3_scale(gl.maximum(gl.max(gl.abs(h0), axis=1), gl.max(gl.abs(h1), axis=1)))
             cols0 = n0 + gl.arange(0, 64, layout=gl.SliceLayout(0, store_layout))
-            gl.store(h_ptr + row_off + cols0[None, :], to_e4m3(h0, h_inv[:, None], False), mask=srow_ok[:, None])
-            gl.store(h_ptr + row_off + (cols0 + 64)[None, :], to_e4m3(h1, h_inv[:, None], False),
+            gl.store(h_ptr + row_off + cols0[None, :], e4m3_cast(h0, h_inv[:, None], False), mask=srow_ok[:, None])
+            gl.store(h_ptr + row_off + (cols0 + 64)[None, :], e4m3_cast(h1, h_inv[:, None], False),
                      mask=srow_ok[:, None])
             gl.store(hs_ptr + srows.to(gl.int64) * (H // 128) + pid_n, h_scale, mask=srow_ok)
 
@@ -187,7 +192,7 @@ def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_
             # h in e4m3, one scale per row over the item's 128 columns
             h = h.to(gl.float32)
             h_scale, h_inv = e4m3_scale(gl.max(gl.abs(h), axis=1))
-            hq = gl.convert_layout(to_e4m3(h, h_inv[:, None], False), h_layout)
+            hq = gl.convert_layout(e4m3_cast(h, h_inv[:, None], False), h_layout)
             hrows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, h_layout))
             hcols = n0 + gl.arange(0, 128, layout=gl.SliceLayout(0, h_layout))
             gl.store(h_ptr + hrows.to(gl.int64)[:, None] * H + hcols[None, :], hq, mask=(hrows < row_end)[:, None])

@@ -34,7 +34,7 @@ BLOCK = 128  # the weight scale block, both dimensions (host code)
 
 
 @gluon.jit
-def _e4m3(x, inv_scale, EXACT_CAST: gl.constexpr):
+def e4m3_cast(x, inv_scale, EXACT_CAST: gl.constexpr):
     """x * inv_scale in e4m3, saturating: rounded in fp32 first (`common.to_e4m3`) or by the hardware cast.
 
     The hardware cast (`cvt.rn.satfinite`) needs no clamp before it: the block scale keeps every finite
@@ -50,7 +50,7 @@ def store_rows_e4m3(data_ptr, scale_ptr, x, rows, row_ok, cols, col_ok, C, col_b
     """x [rows, 128 columns] (fp32, any layout) quantized along each row, one 1x128 block: data [N, C] e4m3
     at `rows`, scale [N, C / 128] at column `col_block`."""
     row_scale, row_inv = e4m3_scale(gl.max(gl.abs(x), axis=1))
-    gl.store(data_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :], _e4m3(x, row_inv[:, None], EXACT_CAST),
+    gl.store(data_ptr + rows.to(gl.int64)[:, None] * C + cols[None, :], e4m3_cast(x, row_inv[:, None], EXACT_CAST),
              mask=row_ok[:, None] & col_ok[None, :])
     gl.store(scale_ptr + rows.to(gl.int64) * (C // 128) + col_block, row_scale, mask=row_ok)
 
@@ -65,7 +65,7 @@ def store_token_tile_e4m3(data_ptr, scale_ptr, x, tile, col0, C, P, EXACT_CAST: 
     stores 16 consecutive rows of one column: 16 bytes along a row of data."""
     st_t: gl.constexpr = gl.BlockedLayout([16, 1], [8, 4], [1, num_warps], [0, 1])
     scale, inv = e4m3_scale(gl.max(gl.abs(x), axis=0))
-    q_t = gl.convert_layout(_e4m3(x, inv[None, :], EXACT_CAST), st_t)
+    q_t = gl.convert_layout(e4m3_cast(x, inv[None, :], EXACT_CAST), st_t)
     i_t = gl.arange(0, 128, layout=gl.SliceLayout(1, st_t))
     cols_t = (col0 + gl.arange(0, 128, layout=gl.SliceLayout(0, st_t))).to(gl.int64)
     gl.store(data_ptr + cols_t[None, :] * P + tile * 128 + i_t[:, None], q_t, mask=(cols_t < C)[None, :])
@@ -89,7 +89,7 @@ def _weight_pair_kernel(w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, R, 
     w_in = gl.load(w_ptr + expert * stride_e + rows[:, None] * stride_r + cols[None, :] * stride_c)
     w = w_in.to(gl.float32)
     scale, inv = e4m3_scale(gl.max(gl.max(gl.abs(w), axis=1), axis=0))
-    q = _e4m3(w, inv, EXACT_CAST)
+    q = e4m3_cast(w, inv, EXACT_CAST)
     base = expert * R * C  # both copies hold R * C elements per expert
     n_row_blocks = R // 128
     n_col_blocks = C // 128
@@ -101,7 +101,7 @@ def _weight_pair_kernel(w_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, R, 
     # values). Moving the e4m3 tile instead (1 byte an element, as the token-tile kernel does) wrote wrong W^T
     # bytes on the H100 whenever the program also stored that tile as W, as fp8 or as uint8 bytes alike
     # (docs/kernels.md, "More Gluon")
-    q_t = _e4m3(gl.convert_layout(w_in, st_t).to(gl.float32), inv, EXACT_CAST)
+    q_t = e4m3_cast(gl.convert_layout(w_in, st_t).to(gl.float32), inv, EXACT_CAST)
     rows_t = row_block * 128 + gl.arange(0, 128, layout=gl.SliceLayout(1, st_t))
     cols_t = col_block * 128 + gl.arange(0, 128, layout=gl.SliceLayout(0, st_t))
     gl.store(data_t_ptr + base + cols_t[None, :] * R + rows_t[:, None], q_t)
