@@ -103,6 +103,13 @@ def assert_flash_rule(got: dict, ref64: dict, torch_bf16: dict, factor: float = 
     return report
 
 
+# The one-pass warp-specialised GEMM1 (128 columns, the shipped form) as Triton 3.6 (the GPU machine's) compiles
+# it since e7cfa9f (block scales from amax's bits): one 64-bit value stored to the stack after an item's K loop
+# and loaded back before h's stores (one STL.64 and one LDL.64 in the SASS at 28c30fb, both outside the K
+# loop: once per item, not per K block). Triton 3.9 spills nothing there.
+GEMM1_ONE_PASS_STACK = 8
+
+
 def sm90_compile_results(script: str, timeout: int = 600) -> dict:
     """Run a script that compiles kernels for sm_90 (scripts/sm90_resources.py) in a fresh process from the
     repository root, without TRITON_INTERPRET (under the interpreter nothing compiles), and return the
