@@ -7,7 +7,8 @@
 # (default: all six, in this order), so a machine lent for 10 minutes at a time can run them in turns. Also not
 # in the default: `ab_fp8_30b_1gpu`, block FP8 training on Qwen3-30B-A3B shapes (needs the H200's memory: both
 # arms ran out of an 80 GB H100's on 2026-12-06): mega_moe fp8 against stock bf16, then against stock's float8
-# recipe FLOAT8_ARGS (default: float8 Linear, tensorwise, the fastest stock float8 variant on 2026-12-03). Each
+# recipe FLOAT8_ARGS (default: float8 Linear, tensorwise, the fastest stock float8 variant on 2026-12-03), and
+# `float8_variants`, stock's four float8 variants against each other (H200 too). Each
 # stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
 # the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
 # one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
@@ -21,9 +22,9 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
 stages=${STAGES:-$all_stages}
 for name in $stages; do
-  case " $all_stages tune_candidates ab_fp8_30b_1gpu " in
+  case " $all_stages tune_candidates ab_fp8_30b_1gpu float8_variants " in
     *" $name "*) ;;
-    *) echo "STAGES: unknown stage '$name'; the stages are: $all_stages tune_candidates ab_fp8_30b_1gpu" >&2; exit 2 ;;
+    *) echo "STAGES: unknown stage '$name'; the stages are: $all_stages tune_candidates ab_fp8_30b_1gpu float8_variants" >&2; exit 2 ;;
   esac
 done
 stage() {  # name, time limit (s), command...
@@ -100,3 +101,19 @@ ab_fp8_30b_1gpu() {
     --mega-args "--compile.enable --mega_moe.precision fp8" || echo "rc=$?"
 }
 stage ab_fp8_30b_1gpu "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f ab_fp8_30b_1gpu); ab_fp8_30b_1gpu"
+# stock's four float8 variants on the same config (issue 14: "re-measure them in the same run and name the
+# fastest"): float8 Linear tensorwise against rowwise, then each with stock's float8 grouped_mm on the experts
+# (rowwise, its only recipe); two stock,stock A/Bs. `scripts/fp8_training_compare.py` over these and the
+# ab_fp8_30b_1gpu runs names the fastest (needs the H200's memory, as ab_fp8_30b_1gpu)
+float8_variants() {
+  local linear="--model.converters quantize.linear.float8"
+  local grouped="--model.converters quantize.linear.float8,quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts"
+  for args in "$linear" "$grouped"; do
+    name=$([ "$args" = "$linear" ] && echo linear || echo linear_grouped)
+    python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
+      --no-deterministic --arms stock,stock --out "$out/float8_$name" \
+      --stock-args "--compile.enable $args --quantize.linear.float8.recipe_name tensorwise" \
+      --repeat-args "--quantize.linear.float8.recipe_name rowwise" || echo "rc=$?"
+  done
+}
+stage float8_variants "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f float8_variants); float8_variants"
