@@ -182,7 +182,6 @@ def test_gluon_kernel_host_path(monkeypatch):
         assert kw == dict(EXACT_CAST=False, RELOAD=reload, num_warps=8)
 
 
-
 @triton.jit
 def _dswiglu_whole_and_parts(q_ptr, g_ptr, u_ptr, s_ptr, out_ptr):
     """`dswiglu_math`'s four values and the same from its parts, side by side in out (16 x 16 tiles)."""

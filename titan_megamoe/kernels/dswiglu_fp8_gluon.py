@@ -27,8 +27,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from .common import cast_rne, multiprocessors, tma_ok
-from .epilogue import dswiglu_dg, dswiglu_du, dswiglu_hs, dswiglu_math_bf16, dswiglu_values_bf16
+from .common import multiprocessors, tma_ok
+from .epilogue import bf16_value, dswiglu_dg, dswiglu_du, dswiglu_hs, dswiglu_math_bf16, dswiglu_values_bf16
 from .fp8_rows_gluon import _cta_barrier, _descriptor, _tma_load
 from .launch import launch
 from .quantize_gluon import store_rows_e4m3, store_token_tile_e4m3
@@ -117,12 +117,6 @@ def _staged(smem, stage, row_ok, ld: gl.constexpr):
 
 
 @gluon.jit
-def _bf16_value(x):
-    """x rounded to bf16 and widened back: the value the emulation quantizes (`epilogue._round_bf16`)."""
-    return cast_rne(x, gl.bfloat16, False).to(gl.float32)
-
-
-@gluon.jit
 def _reload_item(q_smem, g_smem, u_smem, stage, s, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr,
                  du_ptr, du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P,
                  EXACT_CAST: gl.constexpr, num_warps: gl.constexpr, ld: gl.constexpr):
@@ -133,13 +127,14 @@ def _reload_item(q_smem, g_smem, u_smem, stage, s, tile, pid_n, rows, row_ok, of
     n_ok = offs_n < H
     hs, ds_part = dswiglu_hs(_staged(q_smem, stage, row_ok, ld), _staged(g_smem, stage, row_ok, ld),
                              _staged(u_smem, stage, row_ok, ld), s)
-    store_token_tile_e4m3(hst_ptr, hst_s_ptr, _bf16_value(hs), tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
+    store_token_tile_e4m3(hst_ptr, hst_s_ptr, bf16_value(hs, False), tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
     gl.store(ds_part_ptr + routed.to(gl.int64) * (H // 128) + pid_n, ds_part, mask=row_ok)
-    du = _bf16_value(dswiglu_du(_staged(q_smem, stage, row_ok, ld), _staged(g_smem, stage, row_ok, ld), s))
+    du = bf16_value(dswiglu_du(_staged(q_smem, stage, row_ok, ld), _staged(g_smem, stage, row_ok, ld), s),
+                    False)
     store_token_tile_e4m3(dut_ptr, dut_s_ptr, du, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
     store_rows_e4m3(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-    dg = _bf16_value(dswiglu_dg(_staged(q_smem, stage, row_ok, ld), _staged(g_smem, stage, row_ok, ld),
-                                _staged(u_smem, stage, row_ok, ld), s))
+    dg = bf16_value(dswiglu_dg(_staged(q_smem, stage, row_ok, ld), _staged(g_smem, stage, row_ok, ld),
+                               _staged(u_smem, stage, row_ok, ld), s), False)
     store_token_tile_e4m3(dgt_ptr, dgt_s_ptr, dg, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
     store_rows_e4m3(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
 

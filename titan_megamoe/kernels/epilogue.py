@@ -122,9 +122,14 @@ def dswiglu_math_bf16(q, g, u, s, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def bf16_value(x, INTERPRET: tl.constexpr):
+    """x rounded to bf16 and widened back to fp32: the value of dg, du or s*h that block FP8 quantizes."""
+    return cast_rne(x, tl.bfloat16, INTERPRET).to(tl.float32)
+
+
+@triton.jit
 def _round_bf16(dg, du, hs, ds_part, INTERPRET: tl.constexpr):
-    return (cast_rne(dg, tl.bfloat16, INTERPRET).to(tl.float32), cast_rne(du, tl.bfloat16, INTERPRET).to(tl.float32),
-            cast_rne(hs, tl.bfloat16, INTERPRET).to(tl.float32), ds_part)
+    return bf16_value(dg, INTERPRET), bf16_value(du, INTERPRET), bf16_value(hs, INTERPRET), ds_part
 
 
 @triton.jit
