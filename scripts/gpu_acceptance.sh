@@ -20,11 +20,12 @@ out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
+known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants"  # the default ones, then the others
 stages=${STAGES:-$all_stages}
 for name in $stages; do
-  case " $all_stages tune_candidates ab_fp8_30b_1gpu float8_variants " in
+  case " $known_stages " in
     *" $name "*) ;;
-    *) echo "STAGES: unknown stage '$name'; the stages are: $all_stages tune_candidates ab_fp8_30b_1gpu float8_variants" >&2; exit 2 ;;
+    *) echo "STAGES: unknown stage '$name'; the stages are: $known_stages" >&2; exit 2 ;;
   esac
 done
 stage() {  # name, time limit (s), command...
@@ -106,10 +107,10 @@ stage ab_fp8_30b_1gpu "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f ab_
 # (rowwise, its only recipe); two stock,stock A/Bs. `scripts/fp8_training_compare.py` over these and the
 # ab_fp8_30b_1gpu runs names the fastest (needs the H200's memory, as ab_fp8_30b_1gpu)
 float8_variants() {
-  local linear="--model.converters quantize.linear.float8"
-  local grouped="--model.converters quantize.linear.float8,quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts"
-  for args in "$linear" "$grouped"; do
-    name=$([ "$args" = "$linear" ] && echo linear || echo linear_grouped)
+  local args name
+  for name in linear linear_grouped; do
+    args="--model.converters quantize.linear.float8"
+    [ "$name" = linear_grouped ] && args="--model.converters quantize.linear.float8,quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts"
     python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
       --no-deterministic --arms stock,stock --out "$out/float8_$name" \
       --stock-args "--compile.enable $args --quantize.linear.float8.recipe_name tensorwise" \
