@@ -167,7 +167,8 @@ def gluon_rows(block_m: int = 64, block_n: int = 128, num_warps: int = 4, stages
                         aligned, num_warps, 1, source=GluonASTSource)
 
 
-def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False, staged_scales: bool | None = None):
+def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False, staged_scales: bool | None = None,
+                  group_m: int = 1):
     """The persistent warp-specialised Gluon block-FP8 row GEMM (`fp8_rows_ws_gluon`), as it launches."""
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
 
@@ -176,10 +177,10 @@ def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False,
            "out_ptr": "*bf16", **_types("N KD ND NK1 num_items", "i32")}
     return _compile_ws(ws._fp8_rows_ws_kernel, sig, stages, ws.consumer_regs(block_n),
                        ws.STAGING_PRODUCER_REGS if staged else ws.PRODUCER_REGS, SORTED_OUT=sorted_out,
-                       BLOCK_N=block_n, STAGED_SCALES=staged)
+                       BLOCK_N=block_n, STAGED_SCALES=staged, GROUP_M=group_m)
 
 
-def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
+def gluon_gemm1_ws(stages: int = 4, block_n: int = 64, group_m: int = 1):
     """The persistent warp-specialised Gluon block-FP8 GEMM1 (`fp8_gemm1_ws_gluon`), as it launches."""
     from titan_megamoe.kernels import fp8_gemm1_ws_gluon as g1
     from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
@@ -189,7 +190,7 @@ def gluon_gemm1_ws(stages: int = 4, block_n: int = 64):
            **_types("xs_ptr w1s_ptr w3s_ptr", "*fp32"), **_types("tile_expert_ptr tile_row_ptr offsets_ptr", "*i32"),
            **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv",
            "hs_ptr": "*fp32", **_types("N D H num_items", "i32")}
-    return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages, BLOCK_N=block_n)
+    return _compile_ws(g1._fp8_gemm1_ws_kernel, sig, stages, BLOCK_N=block_n, GROUP_M=group_m)
 
 
 def gluon_wgrad_ws(stages: int = 4, out: str = "bf16", dual: bool = False, tma_store: bool = True):
@@ -342,21 +343,21 @@ def shipped_fp8_rows(dim: int, hidden: int) -> dict:
     out = {}
     # where the table picks the persistent warp-specialised Gluon kernels (gluon + warp_specialize), those
     kw, c = cfg("gemm1_swiglu")
-    out["gemm1"] = dict(gluon_gemm1_ws(c.num_stages, c.block_n) if c.gluon else gemm1(c.block_n, **kw),
+    out["gemm1"] = dict(gluon_gemm1_ws(c.num_stages, c.block_n, c.group_m) if c.gluon else gemm1(c.block_n, **kw),
                         block_n=c.block_n)
     kw, c = cfg("gemm2")
-    out["gemm2"] = dict(gluon_rows_ws(c.block_n, c.num_stages) if c.gluon else grouped_gemm(c.block_n, False, **kw),
+    out["gemm2"] = dict(gluon_rows_ws(c.block_n, c.num_stages, group_m=c.group_m) if c.gluon else grouped_gemm(c.block_n, False, **kw),
                         block_n=c.block_n)
     kw, c = cfg("dx")
-    out["dx"] = dict(gluon_rows_ws(c.block_n, c.num_stages) if c.gluon
+    out["dx"] = dict(gluon_rows_ws(c.block_n, c.num_stages, group_m=c.group_m) if c.gluon
                      else grouped_gemm(c.block_n, True, one_loop=c.pairs_in_one_loop, **kw), block_n=c.block_n)
     kw, c = cfg("dgrad_swiglu")
-    out["dgrad q"] = dict(gluon_rows_ws(c.block_n, c.num_stages, sorted_out=True) if c.gluon
+    out["dgrad q"] = dict(gluon_rows_ws(c.block_n, c.num_stages, sorted_out=True, group_m=c.group_m) if c.gluon
                           else grouped_gemm(c.block_n, False, sorted_out=True, **kw), block_n=c.block_n)
     return out
 
 
-JOBS = {  # the shipped FP8 row kernels are the 64-row, 4-warp ones (kernels/configs.py)
+JOBS = {  # Triton FP8 row kernels (the tiles off Hopper: kernels/configs.py) and bf16 ones
     "gemm1 128 rows 8 warps": lambda: gemm1(64),
     "gemm1 64 rows 4 warps": lambda: gemm1(64, block_m=64, num_warps=4),
     "gemm2 128 rows 8 warps": lambda: grouped_gemm(128, False),

@@ -11,6 +11,7 @@ import torch
 
 from moe_cases import GEMM1_ONE_PASS_STACK, make_ids, sm90_compile_results
 
+from titan_megamoe.kernels import configs
 from titan_megamoe.kernels.configs import TileConfig, override_tile_config
 
 GPU = torch.cuda.is_available()
@@ -137,7 +138,8 @@ GPU_CASES = [  # T, D, H, E, K, routing
 @pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
 @pytest.mark.parametrize("shape", [(64, 128, 4, 4, False), (128, 128, 8, 3, False), (64, 64, 4, 3, False),
                                    (128, 128, 8, 4, True), (128, 64, 8, 2, True), (128, 256, 8, 3, True),
-                                   (128, 256, 8, 2, True), (128, 128, 8, 4, True, True), (128, 256, 8, 3, True, True)],
+                                   (128, 256, 8, 2, True), (128, 128, 8, 4, True, True), (128, 256, 8, 3, True, True),
+                                   (128, 256, 8, 3, True, None, 4), (128, 128, 8, 4, True, True, 3)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
 def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
@@ -145,16 +147,19 @@ def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing,
     Triton kernel's outputs on the same quantized operands to within one bf16 rounding (both add the K blocks' scaled products in the same
     order into fp32), every row written (outputs NaN-poisoned first). 256 columns: where N is no multiple of 256
     (dgrad's q at H=384) the launch takes 128-column tiles. A sixth field: the warp-specialised kernel's row
-    scales staged by its producer (`fp8_rows_ws_gluon.STAGED_SCALES`) or not."""
+    scales staged by its producer (`fp8_rows_ws_gluon.STAGED_SCALES`) or not (None: the default); a seventh:
+    group_m (items in groups of rows down each column block). The Triton kernel runs its own tiles
+    (`configs._GPU_DEFAULTS_FP8_TRITON`), whatever the table or the defaults ship."""
     from titan_megamoe.kernels import fp8_rows_ws_gluon
     from titan_megamoe.kernels import grouped_gemm as gg
     from titan_megamoe.kernels.quantize import quantize_rows, quantize_weight_pair
     from titan_megamoe.kernels.routing_meta import build_routing_plan
 
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
-    block_m, block_n, warps, stages, ws, *staged = shape
-    if staged:
-        monkeypatch.setattr(fp8_rows_ws_gluon, "STAGED_SCALES", staged[0])
+    block_m, block_n, warps, stages, ws, *rest = shape
+    staged, group_m = rest[0] if rest else None, rest[1] if len(rest) > 1 else 1
+    if staged is not None:
+        monkeypatch.setattr(fp8_rows_ws_gluon, "STAGED_SCALES", staged)
     torch.manual_seed(T)
     ids = make_ids(T, E, K, routing, torch.Generator().manual_seed(T)).cuda()
     plan = build_routing_plan(ids, E, 128)
@@ -169,9 +174,10 @@ def test_gluon_rows_match_the_triton_kernel(monkeypatch, T, D, H, E, K, routing,
         "dx": lambda: gg.expert_input_grad(dg, du, w1t, w3t, plan, torch.bfloat16, "fp8"),
     }
     for kernel, call in calls.items():
-        want = call()
+        with override_tile_config(kernel, configs._GPU_DEFAULTS_FP8_TRITON[kernel]):
+            want = call()
         cfg = TileConfig(block_m, block_n, 128, warps, stages, tma=True, split=kernel == "dgrad_swiglu", gluon=True,
-                         warp_specialize=ws)
+                         warp_specialize=ws, group_m=group_m)
         with override_tile_config(kernel, cfg):
             got = call()
         assert not got.isnan().any(), f"{kernel}: rows left unwritten (NaN poison)"
@@ -325,20 +331,22 @@ def test_gluon_gemm1_launcher_host_path(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="Gluon kernels need a CUDA GPU (Triton's interpreter cannot run them)")
 @pytest.mark.parametrize("shape", [(64, 64, 4, 4, False), (128, 64, 8, 3, False), (128, 64, 8, 4, True),
-                                   (128, 64, 8, 2, True), (128, 128, 8, 3, True), (128, 128, 8, 2, True)],
+                                   (128, 64, 8, 2, True), (128, 128, 8, 3, True), (128, 128, 8, 2, True),
+                                   (128, 128, 8, 3, True, 4), (128, 64, 8, 3, True, 16)],
                          ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("T,D,H,E,K,routing", GPU_CASES)
 def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routing, shape):
     """GEMM1 through the Gluon kernels (ws: the persistent warp-specialised one): g and u within one bf16 rounding of the Triton kernel's on the same
     quantized operands, h's e4m3 rows dequantized within 1% (L2) of the Triton kernel's (a bf16 rounding
-    of g or u may move an h code), every row written (outputs NaN-poisoned first)."""
+    of g or u may move an h code), every row written (outputs NaN-poisoned first). A sixth field: group_m.
+    The Triton kernel runs its own tiles (`configs._GPU_DEFAULTS_FP8_TRITON`)."""
     from titan_megamoe.kernels.gemm1_swiglu import gemm1_swiglu
     from titan_megamoe.kernels.quantize import quantize_sorted_rows, quantize_weight_pair
     from titan_megamoe.kernels.routing_meta import build_routing_plan
     from titan_megamoe.quant import dequantize
 
     monkeypatch.setenv("TITAN_MEGAMOE_POISON", "1")
-    block_m, block_n, warps, stages, ws = shape
+    block_m, block_n, warps, stages, ws, *group_m = shape
     torch.manual_seed(T)
     plan = build_routing_plan(make_ids(T, E, K, routing, torch.Generator().manual_seed(T)).cuda(), E, 128)
     x = quantize_sorted_rows(torch.randn(T, D, device="cuda", dtype=torch.bfloat16), plan)
@@ -348,8 +356,10 @@ def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routi
     def call():
         return gemm1_swiglu(x, w1, w3, plan, torch.bfloat16, "fp8", sorted_rows=True)
 
-    want = call()
-    cfg = TileConfig(block_m, block_n, 128, warps, stages, tma=True, gluon=True, warp_specialize=ws)
+    with override_tile_config("gemm1_swiglu", configs._GPU_DEFAULTS_FP8_TRITON["gemm1_swiglu"]):
+        want = call()
+    cfg = TileConfig(block_m, block_n, 128, warps, stages, tma=True, gluon=True, warp_specialize=ws,
+                     group_m=group_m[0] if group_m else 1)
     with override_tile_config("gemm1_swiglu", cfg):
         got = call()
     for name, a, b in (("g", got[0], want[0]), ("u", got[1], want[1])):

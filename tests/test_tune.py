@@ -73,10 +73,10 @@ def test_use_tile_table_goes_first_and_checks_entries(tmp_path):
         desc = configs.use_tile_table(path)
         assert str(path) in desc and "sha256" in desc and configs.tile_table_in_use() == desc
         assert configs._table_config("gemm2", 4096, 14336, "fp8") == cfg
-        assert configs._table_config("dx", 4096, 14336, "fp8") == configs._GPU_DEFAULTS_FP8["dx"]  # not in it
+        assert configs._table_config("dx", 4096, 14336, "fp8") == configs.default_configs(14336, "fp8")["dx"]  # not in it
     finally:
         configs.use_tile_table(None)
-    assert configs._table_config("gemm2", 4096, 14336, "fp8") == configs._GPU_DEFAULTS_FP8["gemm2"]
+    assert configs._table_config("gemm2", 4096, 14336, "fp8") == configs.default_configs(14336, "fp8")["gemm2"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"configs": {"bf16": {"1x1": {"gemm2": dict(cfg.to_record(), block_m=96)}}}}))
     with pytest.raises(ValueError, match="bf16 1x1 gemm2"):
@@ -155,3 +155,27 @@ def test_no_sorted_copy_neither_runs_nor_picks_those_configs(tmp_path, monkeypat
     again = search.tune(SHAPE, "bf16", ["wgrad_w13"], out, budget_s=600, device=DEVICE, say=lambda _: None,
                         sorted_copy=False)
     assert again["configs"]["bf16"]["128x128"]["wgrad_w13"] == base.to_record() and len(again["runs"]) == 2
+
+
+def test_untuned_fp8_shapes_get_the_gluon_kernels_on_hopper_and_triton_elsewhere(monkeypatch):
+    """Block FP8 at a shape the table lacks: the persistent warp-specialised Gluon kernels (their row items in
+    groups down each column for large experts), every default a valid config; a CUDA GPU other than Hopper
+    gets the Triton kernels' tiles instead (Gluon's wgmma is sm_90's), never a Gluon config."""
+    from titan_megamoe.validation import check_tile_config
+
+    for hidden in (512, 14336):
+        for kernel, cfg in configs.default_configs(hidden, "fp8").items():
+            check_tile_config(kernel, cfg, configs.ROW_BLOCK_M, "fp8")
+            assert cfg.gluon and cfg.warp_specialize and configs._table_config(kernel, 1024, hidden, "fp8") == cfg
+            assert cfg.group_m == (configs._GPU_DEFAULTS_LARGE_EXPERT[kernel].group_m if hidden >= 4096 else 1)
+    assert configs.default_configs(14336, "fp8")["gemm1_swiglu"].group_m > 1
+    configs._table_config.cache_clear()
+    monkeypatch.setattr(configs, "_gluon_gpu", lambda: False)
+    try:
+        for kernel in configs.KERNELS:
+            for dim, hidden in ((1024, 512), (2048, 768)):  # untuned, and tuned (Gluon in the shipped table)
+                cfg = configs._table_config(kernel, dim, hidden, "fp8")
+                check_tile_config(kernel, cfg, configs.ROW_BLOCK_M, "fp8")
+                assert not cfg.gluon and cfg == configs._GPU_DEFAULTS_FP8_TRITON[kernel]
+    finally:
+        configs._table_config.cache_clear()

@@ -252,7 +252,9 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
             # the weight gradients have the persistent warp-specialised Gluon kernel only (`fp8_wgrad_ws_gluon`)
             (kernel in WGRAD and not cfg.warp_specialize, "warp_specialize=True for the weight gradients"),
             (kernel in WGRAD and cfg.block_n != 128, "block_n 128 for the weight gradients"),
-            (cfg.group_m != 1, "group_m 1"),
+            # the item order: the persistent warp-specialised row kernels walk groups down each column block
+            (cfg.group_m != 1 and not (cfg.warp_specialize and kernel in ROW_KERNELS),
+             "group_m 1 (above 1 only for the warp-specialised row kernels)"),
             (kernel == "dgrad_swiglu" and not cfg.split, "split=True for dgrad (the kernel is its GEMM alone)"),
         ) if bad]
         if wrong:

@@ -121,19 +121,37 @@ _GPU_DEFAULTS_LARGE_EXPERT = {
     "wgrad_w2": TileConfig(128, 128, 64, 8, 3, tma=True, warp_specialize=True, sorted_copy=True),
     "wgrad_w13": TileConfig(128, 128, 64, 8, 4, tma=True, sorted_copy=True),
 }
-# block FP8: every reduction step is one 128-wide scale block (BLOCK_K = 128); GEMM1's 2 x 64 columns
-# cover one 128-wide scale block of h per row. A block-scaled main loop waits for each K block's MMA
-# before scaling it into the fp32 accumulator (and keeps that partial product beside the accumulator),
-# so a program's tensor cores idle while it scales. Programs of one warpgroup (64 rows, 4 warps) hold
-# half the registers, and several of them per multiprocessor cover each other's scaling steps: on the
-# H200 they won every kernel at both Qwen3 shapes, e.g. GEMM2 0.77 vs 0.95 ms and dW1/dW3 1.34 vs 3.13 ms
-# (128-row, 8-warp programs) at 30B-A3B (docs/results/tune_*_fp8_20261204T*.json)
+# block FP8: every reduction step is one 128-wide scale block (BLOCK_K = 128). Shapes the table lacks get
+# the persistent warp-specialised Gluon kernels (`*_ws_gluon`) with the tiles that won at both tuned shapes
+# (30B-A3B and 235B-A22B: the same tiles there, the stages differ; the fewer of the two here). Where a
+# launch cannot take them (expert parallelism's symmetric-memory waits and peer stores, operands TMA cannot
+# cover) the same config runs the Triton kernel, as the tuned entries do. Off Hopper (Gluon's wgmma is
+# sm_90's) the Triton kernels' tiles below: programs of one warpgroup (64 rows, 4 warps), several per
+# multiprocessor, which won every Triton FP8 kernel at both Qwen3 shapes on the H200, e.g. GEMM2 0.77 vs
+# 0.95 ms and dW1/dW3 1.34 vs 3.13 ms against 128-row, 8-warp programs at 30B-A3B
+# (docs/results/tune_*_fp8_20261204T*.json)
 FP8_BLOCK = 128
-_FP8_HALF_TILE = TileConfig(64, 128, FP8_BLOCK, 4, 3, tma=True)
+_FP8_WS = TileConfig(ROW_BLOCK_M, 256, FP8_BLOCK, 8, 3, tma=True, warp_specialize=True, gluon=True)
 _GPU_DEFAULTS_FP8 = {
+    "gemm1_swiglu": replace(_FP8_WS, block_n=128),  # an item's 128 columns (one scale block of h) in one pass
+    "gemm2": replace(_FP8_WS, num_stages=4),
+    "dgrad_swiglu": replace(_FP8_WS, split=True),  # its GEMM (q); the dSwiGLU is its own kernel
+    "dx": _FP8_WS,
+    "wgrad_w2": replace(_FP8_WS, block_n=128, num_stages=4),
+    "wgrad_w13": replace(_FP8_WS, block_n=128),
+}
+# large experts: the row kernels' items walked in groups down each column block (group_m, as for bf16's
+# large experts above: an expert's weight outgrows L2)
+_GPU_DEFAULTS_FP8_LARGE_EXPERT = {
+    **_GPU_DEFAULTS_FP8,
+    **{k: replace(_GPU_DEFAULTS_FP8[k], group_m=_GPU_DEFAULTS_LARGE_EXPERT[k].group_m) for k in
+       ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")},
+}
+_FP8_HALF_TILE = TileConfig(64, 128, FP8_BLOCK, 4, 3, tma=True)
+_GPU_DEFAULTS_FP8_TRITON = {
     "gemm1_swiglu": replace(_FP8_HALF_TILE, block_n=64),
     "gemm2": replace(_FP8_HALF_TILE, num_stages=4),
-    "dgrad_swiglu": replace(_FP8_HALF_TILE, split=True),  # its GEMM (q); the dSwiGLU is elementwise
+    "dgrad_swiglu": replace(_FP8_HALF_TILE, split=True),
     "dx": replace(_FP8_HALF_TILE, num_stages=4),
     "wgrad_w2": _FP8_HALF_TILE,  # 64 x 128 tiles of dW2's output
     "wgrad_w13": _FP8_HALF_TILE,
@@ -238,13 +256,30 @@ def tile_config(kernel: str, dim: int, hidden: int, precision: str = "bf16") -> 
     return _table_config(kernel, dim, hidden, precision)
 
 
+def default_configs(hidden: int, precision: str) -> dict[str, TileConfig]:
+    """The configs of a shape the table lacks, by expert size (GPU; before the Hopper check)."""
+    large = hidden >= LARGE_EXPERT_HIDDEN
+    if precision == "fp8":
+        return _GPU_DEFAULTS_FP8_LARGE_EXPERT if large else _GPU_DEFAULTS_FP8
+    return _GPU_DEFAULTS_LARGE_EXPERT if large else _GPU_DEFAULTS
+
+
+@functools.lru_cache(maxsize=1)
+def _gluon_gpu() -> bool:
+    """False on a CUDA GPU other than Hopper: the Gluon kernels issue sm_90's wgmma. True without CUDA, so
+    the table reads the same on a CPU host (nothing launches there)."""
+    import torch
+
+    return not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] == 9
+
+
 @functools.lru_cache(maxsize=None)
 def _table_config(kernel: str, dim: int, hidden: int, precision: str) -> TileConfig:
     user = _user_table.get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
     tuned = _tuned_table().get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
-    defaults = (_GPU_DEFAULTS_FP8 if precision == "fp8"
-                else _GPU_DEFAULTS_LARGE_EXPERT if hidden >= LARGE_EXPERT_HIDDEN else _GPU_DEFAULTS)
-    cfg = user or (TileConfig.from_record(tuned) if tuned else defaults[kernel])
+    cfg = user or (TileConfig.from_record(tuned) if tuned else default_configs(hidden, precision)[kernel])
+    if cfg.gluon and not _gluon_gpu():
+        cfg = _GPU_DEFAULTS_FP8_TRITON[kernel]
     if kernel in ROW_KERNELS and precision != "fp8":
         # narrow problems (small D or H) must not ask for tiles wider than the matrix
         n_extent = hidden if kernel in ("gemm1_swiglu", "dgrad_swiglu") else dim

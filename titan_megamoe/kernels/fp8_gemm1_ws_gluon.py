@@ -44,13 +44,13 @@ from .quantize_gluon import e4m3_cast
 
 @gluon.jit
 def _producer(x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-              num_items, num_n, H, kb, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+              num_items, num_n, H, kb, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """TMA of this program's items' K blocks: x's two 64-row halves, and W1's and W3's rows stacked in one
     weight tile (BLOCK_N 64: each half's 64 rows, the halves one after the other; BLOCK_N 128: all 128)."""
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                     2 * HALF_M, 1)
+                                                     2 * HALF_M, 1, GROUP_M, num_items)
         if (expert >= 0) & (row0 < row_end):
             for j in range(kb * (128 // BLOCK_N)):
                 k = j % kb
@@ -77,7 +77,8 @@ def _consumer_rows(expert, row0, pid_n, N, H, kb, HALF: gl.constexpr, row_layout
 
 @gluon.jit
 def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-              g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF: gl.constexpr, STAGES: gl.constexpr):
+              g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_M: gl.constexpr):
     """Rows HALF * 64 .. HALF * 64 + 63 of every item: per 64-column half the promoted [g | u] accumulator,
     g and u stored, h kept; then h quantized over the item's 128 columns."""
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -89,7 +90,7 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                     2 * HALF_M, 1)
+                                                     2 * HALF_M, 1, GROUP_M, num_items)
         if (expert >= 0) & (row0 < row_end):
             n0, my_row0, rows, rows_in, ws_off = _consumer_rows(expert, row0, pid_n, N, H, kb, HALF, row_layout)
             srows = my_row0 + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, store_layout))
@@ -135,7 +136,7 @@ def _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_exper
 @gluon.jit
 def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
                    offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF: gl.constexpr,
-                   STAGES: gl.constexpr):
+                   STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """`_consumer`'s rows and outputs with all 128 columns of an item in one pass (BLOCK_N 128): a stage holds
     W1's 128 rows above W3's, and per K block one MMA into g's accumulator, its promotion, then one into u's
     (one product in registers at a time beside the two accumulators). x's tile is read once per K block
@@ -151,7 +152,7 @@ def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_
     it = 0
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         expert, row0, row_end, pid_n = plan_row_tile(item, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                                                     2 * HALF_M, 1)
+                                                     2 * HALF_M, 1, GROUP_M, num_items)
         if (expert >= 0) & (row0 < row_end):
             n0, my_row0, rows, rows_in, ws_off = _consumer_rows(expert, row0, pid_n, N, H, kb, HALF, row_layout)
             acc_g = gl.zeros((HALF_M, 128), gl.float32, layout=mma_layout)
@@ -202,39 +203,42 @@ def _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_
 @gluon.jit
 def _consumer_of(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
                  g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr):
+                 STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """The consumer partition of BLOCK_N: the two-half form (64) or the one pass (128)."""
     if BLOCK_N == 64:
         _consumer(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                  g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF, STAGES)
+                  g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF, STAGES, GROUP_M)
     else:
         _consumer_full(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
-                       offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF, STAGES)
+                       offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, HALF, STAGES, GROUP_M)
 
 
 @gluon.jit
 def _fp8_gemm1_ws_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
                          offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, N, D, H, num_items, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     # a weight tile: W1's BLOCK_N rows above W3's
     a_smem, b_smem, ready, empty = ring(x_desc, w1_desc, 2 * BLOCK_N, STAGES)
     kb = D // 128
     num_n = H // 128
     gl.warp_specialize([
         (_consumer_of, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
-                        offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 0, BLOCK_N, STAGES)),
+                        offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 0, BLOCK_N, STAGES,
+                        GROUP_M)),
         (_consumer_of, (a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
-                        offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 1, BLOCK_N, STAGES)),
+                        offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, num_items, num_n, N, H, kb, 1, BLOCK_N, STAGES,
+                        GROUP_M)),
         (_producer, (x_desc, w1_desc, w3_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
-                     offsets_ptr, num_items, num_n, H, kb, BLOCK_N, STAGES)),
+                     offsets_ptr, num_items, num_n, H, kb, BLOCK_N, STAGES, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     ring_done(ready, empty, STAGES)
 
 
 def fp8_gemm1_ws(x: BlockScaled, w1: BlockScaled, w3: BlockScaled, plan: RoutingPlan, out_dtype=torch.bfloat16,
-                 stages: int = 4, block_n: int = 64):
+                 stages: int = 4, block_n: int = 64, group_m: int = 1):
     """(g, u, h) as `gemm1_swiglu` returns them for block FP8 with sorted rows (`fp8_gemm1_gluon.fp8_gemm1`'s
-    contract), from the persistent warp-specialised kernel."""
+    contract), from the persistent warp-specialised kernel. `group_m`: the items' order
+    (`fp8_rows_gluon.plan_row_tile`'s GROUP_M; the same sums per item in any order)."""
     N, D = x.data.shape
     E, H, _ = w1.data.shape
     assert D % SCALE_BLOCK == 0 and H % SCALE_BLOCK == 0 and plan.layout.block_m == 2 * HALF_M.value, (D, H)
@@ -249,6 +253,6 @@ def fp8_gemm1_ws(x: BlockScaled, w1: BlockScaled, w3: BlockScaled, plan: Routing
         return g, u, h
     launch_ws(_fp8_gemm1_ws_kernel, items, dev, stages, _descriptor(x.data, HALF_M.value), _descriptor(w1.data, block_n),
               _descriptor(w3.data, block_n), x.scale, w1.scale, w3.scale, plan.tile_expert, plan.tile_row,
-              plan.offsets_E1, g, u, h.data, h.scale, N, D, H, items, BLOCK_N=block_n)
+              plan.offsets_E1, g, u, h.data, h.scale, N, D, H, items, BLOCK_N=block_n, GROUP_M=group_m)
     return g, u, h
 

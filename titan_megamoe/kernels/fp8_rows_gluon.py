@@ -122,16 +122,25 @@ def _overlapped_loop(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, 
 
 @gluon.jit
 def plan_row_tile(pid, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, BLOCK_M: gl.constexpr,
-                  SUB_TILES: gl.constexpr):
+                  SUB_TILES: gl.constexpr, GROUP_M: gl.constexpr = 1, num_pids=0):
     """Work item pid's (expert, first row, the expert's end row, column block) in `schedule.row_tile`'s order
-    (column blocks fastest; SUB_TILES items of BLOCK_M rows per plan tile). expert < 0 or first row >= end
+    (SUB_TILES items of BLOCK_M rows per plan tile; GROUP_M 1: column blocks fastest, else groups of GROUP_M
+    row items walked down each column block, `num_pids` items in all). expert < 0 or first row >= end
     row: nothing to do (a spare tile, or a sub-tile past the expert's rows)."""
-    pid_m = pid // num_n
+    if GROUP_M == 1:
+        pid_m = pid // num_n
+        pid_n = pid % num_n
+    else:
+        width = GROUP_M * num_n
+        first_m = (pid // width) * GROUP_M
+        group_size = gl.minimum(num_pids // num_n - first_m, GROUP_M)
+        pid_m = first_m + (pid % width) % group_size
+        pid_n = (pid % width) // group_size
     tile = pid_m // SUB_TILES
     expert = gl.load(tile_expert_ptr + tile)
     row0 = gl.load(tile_row_ptr + tile) + (pid_m % SUB_TILES) * BLOCK_M
     row_end = gl.load(offsets_ptr + gl.maximum(expert, 0) + 1)
-    return expert, row0, row_end, pid % num_n
+    return expert, row0, row_end, pid_n
 
 
 @gluon.jit

@@ -95,13 +95,13 @@ def ring_done(ready, empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def row_item(item, num_items, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr):
+def row_item(item, num_items, num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr, GROUP_M: gl.constexpr):
     """`plan_row_tile` of a 128-row item, clamped into range (the item after a program's last one reads the
     last item's indices and is never run). Every partition loads each item's indices one item ahead through
     it: both consumers start an item at once (they share the weight tiles), so a load chain waited for
     there idled the tensor cores."""
     return plan_row_tile(gl.minimum(item, num_items - 1), num_n, tile_expert_ptr, tile_row_ptr, offsets_ptr,
-                         2 * HALF_M, 1)
+                         2 * HALF_M, 1, GROUP_M, num_items)
 
 
 @gluon.jit
@@ -131,16 +131,16 @@ def _staged_scale(sa_smem, s, j, kb, b1s_ptr, b2s_ptr, b_scale_off, HALF: gl.con
 @gluon.jit
 def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
               offsets_ptr, num_items, num_n, ND, kb, total, a1s_ptr, a2s_ptr, sa_smem, N, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, STAGED_SCALES: gl.constexpr):
+              STAGES: gl.constexpr, STAGED_SCALES: gl.constexpr, GROUP_M: gl.constexpr):
     """TMA of every K block of this program's items, each into a stage both consumers have freed (a fresh
     barrier counts as freed: the first pass waits on phase 1). `it` counts K blocks across items, as the
     consumers' does, so stages and phases run on from one item to the next."""
     it = 0
     expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
-                                            offsets_ptr)
+                                            offsets_ptr, GROUP_M)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         n_expert, n_row0, n_row_end, n_pid_n = row_item(item + gl.num_programs(0), num_items, num_n, tile_expert_ptr,
-                                                        tile_row_ptr, offsets_ptr)
+                                                        tile_row_ptr, offsets_ptr, GROUP_M)
         if (expert >= 0) & (row0 < row_end):
             b_row = expert * ND + pid_n * BLOCK_N
             for j in range(total):
@@ -165,7 +165,8 @@ def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, 
 @gluon.jit
 def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
               tile_row_ptr, offsets_ptr, out_ptr, sa_smem, num_items, num_n, N, ND, kb, total, HALF: gl.constexpr,
-              SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, STAGED_SCALES: gl.constexpr):
+              SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, STAGED_SCALES: gl.constexpr,
+              GROUP_M: gl.constexpr):
     """Rows HALF * 64 .. HALF * 64 + 63 of every item: the K blocks' promoted products, then the store.
     A 256-column item is two 128-column sub-tiles, one accumulator each: per K block the first sub-tile's
     MMA, its promotion, then the second's (one product in registers at a time: two accumulators and one
@@ -181,10 +182,10 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
         prod = zero
     it = 0
     expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
-                                            offsets_ptr)
+                                            offsets_ptr, GROUP_M)
     for item in range(gl.program_id(0), num_items, gl.num_programs(0)):
         n_expert, n_row0, n_row_end, n_pid_n = row_item(item + gl.num_programs(0), num_items, num_n, tile_expert_ptr,
-                                                        tile_row_ptr, offsets_ptr)
+                                                        tile_row_ptr, offsets_ptr, GROUP_M)
         if (expert >= 0) & (row0 < row_end):
             n0 = pid_n * BLOCK_N
             b_scale_off = (expert.to(gl.int64) * (ND // 128) + n0 // 128) * kb
@@ -241,7 +242,7 @@ def _consumer(a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, 
 def _fp8_rows_ws_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr,
                         tile_expert_ptr, tile_row_ptr, offsets_ptr, out_ptr, N, KD, ND, NK1, num_items,
                         SORTED_OUT: gl.constexpr, BLOCK_N: gl.constexpr, STAGED_SCALES: gl.constexpr,
-                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                        GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     a_smem, b_smem, ready, empty = ring(a1_desc, b1_desc, BLOCK_N, STAGES)
     sa_smem = scale_stages(STAGES)  # its K block's scales of the item's 128 A rows (`_stage_row_scales`)
     kb = KD // 128  # K blocks per pair
@@ -249,13 +250,13 @@ def _fp8_rows_ws_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2
     gl.warp_specialize([
         (_consumer, (a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
                      tile_row_ptr, offsets_ptr, out_ptr, sa_smem, num_items, num_n, N, ND, kb, NK1, 0, SORTED_OUT,
-                     BLOCK_N, STAGES, STAGED_SCALES)),
+                     BLOCK_N, STAGES, STAGED_SCALES, GROUP_M)),
         (_consumer, (a_smem, b_smem, ready, empty, a1s_ptr, b1s_ptr, a2s_ptr, b2s_ptr, order_ptr, tile_expert_ptr,
                      tile_row_ptr, offsets_ptr, out_ptr, sa_smem, num_items, num_n, N, ND, kb, NK1, 1, SORTED_OUT,
-                     BLOCK_N, STAGES, STAGED_SCALES)),
+                     BLOCK_N, STAGES, STAGED_SCALES, GROUP_M)),
         (_producer, (a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, tile_expert_ptr, tile_row_ptr,
                      offsets_ptr, num_items, num_n, ND, kb, NK1, a1s_ptr, a2s_ptr, sa_smem, N, BLOCK_N, STAGES,
-                     STAGED_SCALES)),
+                     STAGED_SCALES, GROUP_M)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     ring_done(ready, empty, STAGES)
 
@@ -263,11 +264,12 @@ def _fp8_rows_ws_kernel(a1_desc, b1_desc, a2_desc, b2_desc, a1s_ptr, b1s_ptr, a2
 def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, out_dtype=torch.bfloat16,
                     a2: BlockScaled | None = None, b2: BlockScaled | None = None, sorted_out: bool = False,
                     block_n: int = 128, stages: int = 4, out: torch.Tensor | None = None,
-                    staged_scales: bool | None = None) -> torch.Tensor:
+                    staged_scales: bool | None = None, group_m: int = 1) -> torch.Tensor:
     """`fp8_rows_gluon.fp8_row_gemm`'s result (same arguments, same sums in the same order) from the
     persistent warp-specialised kernel: out [N, nd] by sorted row (`sorted_out`) or in routed-row order.
     `staged_scales` (None: `STAGED_SCALES`): the producer copies each K block's row scales into the stage
-    (`_stage_row_scales`), else each consumer loads them after issuing the block's MMA."""
+    (`_stage_row_scales`), else each consumer loads them after issuing the block's MMA. `group_m`: the items'
+    order (`plan_row_tile`'s GROUP_M; the same sums per item in any order)."""
     N, kd = a1.data.shape
     E = b1.data.shape[0]
     assert b1.data.shape == (E, nd, kd) and kd % SCALE_BLOCK == 0 and nd % SCALE_BLOCK == 0, (b1.data.shape, nd, kd)
@@ -281,7 +283,8 @@ def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int
     staged = STAGED_SCALES if staged_scales is None else staged_scales
     launch_ws(_fp8_rows_ws_kernel, items, a1.data.device, stages, *pair_args(a1, b1, a2, b2, HALF_M.value, block_n),
               plan.order_N, plan.tile_expert, plan.tile_row, plan.offsets_E1, out, N, kd, nd, k_blocks(a1, a2),
-              items, SORTED_OUT=sorted_out, BLOCK_N=block_n, STAGED_SCALES=staged, consumer_regs=consumer_regs(block_n),
+              items, SORTED_OUT=sorted_out, BLOCK_N=block_n, STAGED_SCALES=staged, GROUP_M=group_m,
+              consumer_regs=consumer_regs(block_n),
               producer_regs=STAGING_PRODUCER_REGS if staged else PRODUCER_REGS)
     return out
 

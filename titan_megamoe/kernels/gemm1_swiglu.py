@@ -148,7 +148,8 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
         if ws_gluon:
             from .fp8_gemm1_ws_gluon import fp8_gemm1_ws  # imported only here: Gluon is experimental
 
-            return fp8_gemm1_ws(x_RD, w1_EHD, w3_EHD, plan, out_dtype, stages=cfg.num_stages, block_n=cfg.block_n)
+            return fp8_gemm1_ws(x_RD, w1_EHD, w3_EHD, plan, out_dtype, stages=cfg.num_stages, block_n=cfg.block_n,
+                                group_m=cfg.group_m)
         if sorted_rows and arrivals is None and tma_ok(x, w1, w3):
             from .fp8_gemm1_gluon import fp8_gemm1  # imported only here: Gluon is experimental
 

@@ -202,7 +202,7 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
                              f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
         if ws_gluon:
             return fp8_row_gemm_ws(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
-                                   block_n=cfg.block_n, stages=cfg.num_stages, out=out)
+                                   block_n=cfg.block_n, stages=cfg.num_stages, out=out, group_m=cfg.group_m)
         if use_tma and peers is None and arrivals is None:
             return fp8_row_gemm(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
                                 block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
