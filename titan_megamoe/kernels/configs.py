@@ -125,7 +125,9 @@ _GPU_DEFAULTS_LARGE_EXPERT = {
 # the persistent warp-specialised Gluon kernels (`*_ws_gluon`) with the tiles that won at both tuned shapes
 # (30B-A3B and 235B-A22B: the same tiles there, the stages differ; the fewer of the two here). Where a
 # launch cannot take them (expert parallelism's symmetric-memory waits and peer stores, operands TMA cannot
-# cover) the same config runs the Triton kernel, as the tuned entries do. Off Hopper (Gluon's wgmma is
+# cover) the same config runs the Triton kernel, as the tuned entries do. Layer fwd+bwd on an H100 against
+# the Triton tiles below: Mixtral-like 24.66 against 38.66 ms, OLMoE-like 5.73 against 6.50
+# (docs/results/bench_layer_20261206T182007.json, ..._182049.json). Off Hopper (Gluon's wgmma is
 # sm_90's) the Triton kernels' tiles below: programs of one warpgroup (64 rows, 4 warps), several per
 # multiprocessor, which won every Triton FP8 kernel at both Qwen3 shapes on the H200, e.g. GEMM2 0.77 vs
 # 0.95 ms and dW1/dW3 1.34 vs 3.13 ms against 128-row, 8-warp programs at 30B-A3B
@@ -141,7 +143,8 @@ _GPU_DEFAULTS_FP8 = {
     "wgrad_w13": replace(_FP8_WS, block_n=128),
 }
 # large experts: the row kernels' items walked in groups down each column block (group_m, as for bf16's
-# large experts above: an expert's weight outgrows L2)
+# large experts above: an expert's weight outgrows L2); Mixtral-like 24.66 against 25.05 ms with group_m 1
+# (bench_layer_20261206T182109.json; one round, within its noise)
 _GPU_DEFAULTS_FP8_LARGE_EXPERT = {
     **_GPU_DEFAULTS_FP8,
     **{k: replace(_GPU_DEFAULTS_FP8[k], group_m=_GPU_DEFAULTS_LARGE_EXPERT[k].group_m) for k in
