@@ -162,13 +162,10 @@ def bench_fp8_dswiglu(do_bench, quick: bool = False):
     triton_knobs = dict(_FP8_DSWIGLU_GLUON=None)  # the Triton kernels (the Gluon one is the GPU default)
     variants = [("single kernel", dict(triton_knobs, _FP8_DSWIGLU_SPLIT=False), None, row_keys + tile_keys,
                  single_bytes)]
-    # (warps, exact cast, persistent, reload: `dswiglu_fp8_gluon._reload_item`, each output from q, g, u read again)
-    variants += [(f"gluon single kernel {w}w {'exact' if e else 'hardware'} cast{' persistent' if p else ''}"
-                  f"{' reload' if r else ''}",
-                  dict(_FP8_DSWIGLU_GLUON=(w, e, p, r)), None, row_keys + tile_keys, single_bytes)
-                 for w, e, p, r in [(16, False, True, False), (8, False, True, False), (8, False, True, True),
-                                    (16, False, True, True), (16, False, False, False), (8, False, False, False),
-                                    (16, True, False, False), (4, False, False, False)]]
+    variants += [(f"gluon single kernel {w}w {'exact' if e else 'hardware'} cast{' persistent' if p else ''}",
+                  dict(_FP8_DSWIGLU_GLUON=(w, e, p)), None, row_keys + tile_keys, single_bytes)
+                 for w, e, p in [(16, False, True), (8, False, True), (16, False, False), (8, False, False),
+                                 (16, True, False), (4, False, False)]]
     if quick:
         variants.append(("split, shipped knobs", triton_knobs, None, row_keys + tile_keys, rows_bytes + tiles_bytes))
     for bm, tw, cb in itertools.product((32, 64), (4, 8), (1, 2)) if not quick else ():

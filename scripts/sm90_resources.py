@@ -300,7 +300,7 @@ def gluon_dswiglu_fp8(num_warps: int = 8, exact_cast: bool = False):
                         num_warps, 1, source=GluonASTSource)
 
 
-def gluon_dswiglu_fp8_persistent(num_warps: int = 16, exact_cast: bool = False, reload: bool = False):
+def gluon_dswiglu_fp8_persistent(num_warps: int = 16, exact_cast: bool = False):
     """The persistent Gluon block-FP8 dSwiGLU (`dswiglu_fp8_gluon`): q, g, u through TMA, two stages."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -313,8 +313,7 @@ def gluon_dswiglu_fp8_persistent(num_warps: int = 16, exact_cast: bool = False, 
                "dg_ptr dg_s_ptr du_ptr du_s_ptr dgt_ptr dgt_s_ptr dut_ptr dut_s_ptr hst_ptr hst_s_ptr".split())},
            "ds_part_ptr": "*fp32", **_types("H P num_tiles", "i32")}
     aligned = {n for n, t in sig.items() if t.startswith("*") or t == "i32"}
-    return compile_sm90(_dswiglu_fp8_persistent_kernel, sig, dict(EXACT_CAST=exact_cast, RELOAD=reload,
-                                                                  num_warps=num_warps),
+    return compile_sm90(_dswiglu_fp8_persistent_kernel, sig, dict(EXACT_CAST=exact_cast, num_warps=num_warps),
                         aligned, num_warps, 1, source=GluonASTSource)
 
 

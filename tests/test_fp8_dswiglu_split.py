@@ -9,14 +9,11 @@ row blocks and column blocks per program still change which rows and columns eac
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from moe_cases import make_case
 from test_fp8_kernels import test_fp8_dswiglu_bitwise_quant_of_bf16_path as check_quant_of_bf16_path
 
 from titan_megamoe.kernels import dgrad_swiglu as dg_mod
-from titan_megamoe.kernels.epilogue import dswiglu_dg, dswiglu_du, dswiglu_hs, dswiglu_math
 from titan_megamoe.kernels.routing_meta import build_routing_plan
 
 GPU = torch.cuda.is_available()
@@ -107,9 +104,8 @@ def test_both_paths_quantize_the_bf16_path(monkeypatch, split, T, H, E, K, routi
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")
-# (warps, exact cast, persistent[, reload])
-@pytest.mark.parametrize("variant", [(8, False, False), (16, True, False), (16, False, True), (8, False, True),
-                                     (8, False, True, True)])
+# (warps, exact cast, persistent)
+@pytest.mark.parametrize("variant", [(8, False, False), (16, True, False), (16, False, True), (8, False, True)])
 @pytest.mark.parametrize("T,H,E,K,routing", CASES + [
     # several items per program of the persistent kernel (~1000 items over the GPU's ~132 programs): both
     # pipeline stages, their barrier phases flipping, an expert's last partial tile
@@ -172,46 +168,11 @@ def test_gluon_kernel_host_path(monkeypatch):
     assert fn is dswiglu_fp8_gluon._dswiglu_fp8_kernel and grid == (plan.layout.num_tiles * 3,)
     assert list(args[8:12]) == rows and list(args[12:18]) == tiles and args[18] is ds
     assert args[19:] == (384, plan.layout.num_tiles * 128) and kw == dict(EXACT_CAST=False, num_warps=8)
-    # the persistent kernel (bf16 q, g, u through TMA), with and without the reload variant
+    # the persistent kernel (bf16 q, g, u through TMA)
     qb = torch.zeros(plan.num_rows, 384, device=DEVICE, dtype=torch.bfloat16)
-    for reload in (False, True):
-        calls.clear()
-        dswiglu_fp8_gluon.dswiglu_fp8(qb, qb, qb, q[:, 0], plan, rows, tiles, ds, 8, False, True, reload)
-        (fn, grid, args, kw), = calls
-        assert fn is dswiglu_fp8_gluon._dswiglu_fp8_persistent_kernel
-        assert kw == dict(EXACT_CAST=False, RELOAD=reload, num_warps=8)
+    calls.clear()
+    dswiglu_fp8_gluon.dswiglu_fp8(qb, qb, qb, q[:, 0], plan, rows, tiles, ds, 8, False, True)
+    (fn, grid, args, kw), = calls
+    assert fn is dswiglu_fp8_gluon._dswiglu_fp8_persistent_kernel
+    assert kw == dict(EXACT_CAST=False, num_warps=8)
 
-
-@triton.jit
-def _dswiglu_whole_and_parts(q_ptr, g_ptr, u_ptr, s_ptr, out_ptr):
-    """`dswiglu_math`'s four values and the same from its parts, side by side in out (16 x 16 tiles)."""
-    offs = tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
-    q, g, u = tl.load(q_ptr + offs), tl.load(g_ptr + offs), tl.load(u_ptr + offs)
-    s = tl.load(s_ptr + tl.arange(0, 16))
-    dg, du, hs, ds = dswiglu_math(q, g, u, s)
-    hs2, ds2 = dswiglu_hs(q, g, u, s)
-    tl.store(out_ptr + offs, dg)
-    tl.store(out_ptr + 256 + offs, dswiglu_dg(q, g, u, s))
-    tl.store(out_ptr + 512 + offs, du)
-    tl.store(out_ptr + 768 + offs, dswiglu_du(q, g, s))
-    tl.store(out_ptr + 1024 + offs, hs)
-    tl.store(out_ptr + 1280 + offs, hs2)
-    tl.store(out_ptr + 1536 + tl.arange(0, 16), ds)
-    tl.store(out_ptr + 1552 + tl.arange(0, 16), ds2)
-
-
-@pytest.mark.skipif(GPU, reason="the expressions in Triton's interpreter; on a GPU the Gluon kernel's reload "
-                    "variant is held to the single kernel bitwise (test_gluon_kernel_is_bitwise_the_single_kernel)")
-def test_dswiglu_parts_are_bitwise_the_whole():
-    """`epilogue.dswiglu_hs`, `dswiglu_du` and `dswiglu_dg` (one output at a time: the Gluon kernel's reload
-    variant) give `dswiglu_math`'s values bit for bit, on gates from 0.1 to 100 (the sigmoid saturating)."""
-    gen = torch.Generator().manual_seed(3)
-    q, u = (torch.randn(16, 16, generator=gen) for _ in range(2))
-    g = torch.randn(16, 16, generator=gen) * torch.tensor([0.1, 1.0, 10.0, 100.0]).repeat(4)[:, None]
-    s = torch.rand(16, generator=gen)
-    out = torch.full((1568,), float("nan"))
-    _dswiglu_whole_and_parts[(1,)](q, g, u, s, out)
-    assert not out.isnan().any()
-    for a, b, name in ((0, 256, "dg"), (512, 768, "du"), (1024, 1280, "s*h"), (1536, 1552, "ds")):
-        n = 16 if name == "ds" else 256
-        assert torch.equal(out[a:a + n].view(torch.int32), out[b:b + n].view(torch.int32)), name

@@ -80,10 +80,8 @@ _FP8_TILES_WARPS, _FP8_TILES_COL_BLOCKS, _FP8_TILES_BLOCK_N = 4, 2, 32
 # with the exact cast 1238 (16 warps) and 3007 (8). Persistent (one program per multiprocessor, the next item's
 # q, g, u coming in through TMA while this one computes; 2026-12-06, bench_row_kernels_20261206T062453.json, same
 # process): 8 warps 983 us against the one-item kernel's 1037, 16 warps 1111. Triton's interpreter cannot run
-# Gluon: there the Triton kernels run. A fourth field, reload (`dswiglu_fp8_gluon._reload_item`: each output
-# from q, g, u read again from shared memory; no stack at 8 warps in the sm_90 compile where this one keeps 272
-# bytes), is off until a GPU times it (`scripts/bench_row_kernels.py --sections fp8_dswiglu`).
-_FP8_DSWIGLU_GLUON: tuple[int, bool, bool] | tuple[int, bool, bool, bool] | None = (8, False, True)
+# Gluon: there the Triton kernels run.
+_FP8_DSWIGLU_GLUON: tuple[int, bool, bool] | None = (8, False, True)
 
 
 @triton.jit

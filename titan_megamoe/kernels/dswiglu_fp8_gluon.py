@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from .common import multiprocessors, tma_ok
-from .epilogue import bf16_value, dswiglu_dg, dswiglu_du, dswiglu_hs, dswiglu_math_bf16, dswiglu_values_bf16
+from .epilogue import dswiglu_math_bf16, dswiglu_values_bf16
 from .fp8_rows_gluon import _cta_barrier, _descriptor, _tma_load
 from .launch import launch
 from .quantize_gluon import store_rows_e4m3, store_token_tile_e4m3
@@ -117,33 +117,10 @@ def _staged(smem, stage, row_ok, ld: gl.constexpr):
 
 
 @gluon.jit
-def _reload_item(q_smem, g_smem, u_smem, stage, s, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr,
-                 du_ptr, du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P,
-                 EXACT_CAST: gl.constexpr, num_warps: gl.constexpr, ld: gl.constexpr):
-    """`_store_item`'s outputs, one at a time: s*h (and ds's share), then du, then dg, each from q, g, u read
-    again from the item's stage, so only one output tile is held in registers (computed all at once, the
-    three with their inputs need more than the 255 registers a thread has at 8 warps: the sm_90 compile kept
-    272 bytes on the stack). The expressions are `epilogue.dswiglu_math`'s, one output at a time."""
-    n_ok = offs_n < H
-    hs, ds_part = dswiglu_hs(_staged(q_smem, stage, row_ok, ld), _staged(g_smem, stage, row_ok, ld),
-                             _staged(u_smem, stage, row_ok, ld), s)
-    store_token_tile_e4m3(hst_ptr, hst_s_ptr, bf16_value(hs, False), tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    gl.store(ds_part_ptr + routed.to(gl.int64) * (H // 128) + pid_n, ds_part, mask=row_ok)
-    du = bf16_value(dswiglu_du(_staged(q_smem, stage, row_ok, ld), _staged(g_smem, stage, row_ok, ld), s),
-                    False)
-    store_token_tile_e4m3(dut_ptr, dut_s_ptr, du, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    store_rows_e4m3(du_ptr, du_s_ptr, du, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-    dg = bf16_value(dswiglu_dg(_staged(q_smem, stage, row_ok, ld), _staged(g_smem, stage, row_ok, ld),
-                               _staged(u_smem, stage, row_ok, ld), s), False)
-    store_token_tile_e4m3(dgt_ptr, dgt_s_ptr, dg, tile, pid_n * 128, H, P, EXACT_CAST, num_warps)
-    store_rows_e4m3(dg_ptr, dg_s_ptr, dg, rows, row_ok, offs_n, n_ok, H, pid_n, EXACT_CAST)
-
-
-@gluon.jit
 def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, order_ptr, tile_expert_ptr, tile_row_ptr,
                                    offsets_ptr, dg_ptr, dg_s_ptr, du_ptr, du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr,
                                    dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P, num_tiles,
-                                   EXACT_CAST: gl.constexpr, RELOAD: gl.constexpr, num_warps: gl.constexpr):
+                                   EXACT_CAST: gl.constexpr, num_warps: gl.constexpr):
     # `_dswiglu_fp8_kernel`'s work (one item = one plan tile by 128 columns, the same outputs from the same
     # expressions), one program per multiprocessor walking items pid, pid + G, ...: q, g, u of the next item
     # come in through TMA (two stages in shared memory) while this item is computed and stored, where the
@@ -178,30 +155,23 @@ def _dswiglu_fp8_persistent_kernel(q_desc, g_desc, u_desc, scores_ptr, order_ptr
         rows, row_ok, offs_n, routed, s = _item(tile, pid_n, expert, tile_row_ptr, offsets_ptr, order_ptr, scores_ptr,
                                                 ld)
         mbarrier.wait(ready.index(stage), (i // 2) & 1)
-        if RELOAD:
-            _reload_item(q_smem, g_smem, u_smem, stage, s, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr,
-                         dg_s_ptr, du_ptr, du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr,
-                         ds_part_ptr, H, P, EXACT_CAST, num_warps, ld)
-        else:
-            q = _staged(q_smem, stage, row_ok, ld)
-            g = _staged(g_smem, stage, row_ok, ld)
-            u = _staged(u_smem, stage, row_ok, ld)
-            dg, du, hs, ds_part = dswiglu_math_bf16(q, g, u, s, False)
-            _store_item(dg, du, hs, ds_part, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr,
-                        du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P,
-                        EXACT_CAST, num_warps)
+        q = _staged(q_smem, stage, row_ok, ld)
+        g = _staged(g_smem, stage, row_ok, ld)
+        u = _staged(u_smem, stage, row_ok, ld)
+        dg, du, hs, ds_part = dswiglu_math_bf16(q, g, u, s, False)
+        _store_item(dg, du, hs, ds_part, tile, pid_n, rows, row_ok, offs_n, routed, dg_ptr, dg_s_ptr, du_ptr,
+                    du_s_ptr, dgt_ptr, dgt_s_ptr, dut_ptr, dut_s_ptr, hst_ptr, hst_s_ptr, ds_part_ptr, H, P,
+                    EXACT_CAST, num_warps)
     for st in gl.static_range(2):
         mbarrier.invalidate(ready.index(st))
 
 
 def dswiglu_fp8(q_NH, g_NH, u_NH, scores_N, plan, row_args, tile_args, ds_part, num_warps: int,
-                exact_cast: bool, persistent: bool = False, reload: bool = False) -> None:
+                exact_cast: bool, persistent: bool = False) -> None:
     """Fill `dgrad_swiglu._dswiglu_fp8`'s outputs (allocated there): row_args (dg, dg_scale, du, du_scale),
     tile_args (dgT, its scale, duT, its scale, hsT, its scale; [H, P], P = plan.layout.num_tiles * 128),
     ds_part [N, H / 128]. `persistent`: `_dswiglu_fp8_persistent_kernel` (q, g, u through TMA, one program per
-    multiprocessor) where TMA can read them (contiguous bf16 rows), else the one-item kernel. `reload` (the
-    persistent kernel only): its outputs one at a time from q, g, u read again from shared memory
-    (`_reload_item`; not the default: no GPU has timed it yet)."""
+    multiprocessor) where TMA can read them (contiguous bf16 rows), else the one-item kernel."""
     H = g_NH.shape[1]
     num_tiles = plan.layout.num_tiles
     if persistent and all(t.dtype == torch.bfloat16 for t in (q_NH, g_NH, u_NH)) and tma_ok(q_NH, g_NH, u_NH):
@@ -209,7 +179,7 @@ def dswiglu_fp8(q_NH, g_NH, u_NH, scores_N, plan, row_args, tile_args, ds_part, 
         launch(_dswiglu_fp8_persistent_kernel, (min(multiprocessors(q_NH.device), num_tiles * (H // 128)),),
                q, g, u, scores_N, plan.order_N, plan.tile_expert,
                plan.tile_row, plan.offsets_E1, *row_args, *tile_args, ds_part, H, num_tiles * 128, num_tiles,
-               EXACT_CAST=exact_cast, RELOAD=reload, num_warps=num_warps)
+               EXACT_CAST=exact_cast, num_warps=num_warps)
         return
     launch(_dswiglu_fp8_kernel, (num_tiles * (H // 128),), q_NH, g_NH, u_NH, scores_N, plan.order_N, plan.tile_expert,
            plan.tile_row, plan.offsets_E1, *row_args, *tile_args, ds_part, H, num_tiles * 128, EXACT_CAST=exact_cast,

@@ -44,38 +44,13 @@ def _dswiglu_values(q, rows, row_ok, offs_n, H, g_ptr, u_ptr, s):
 @triton.jit
 def dswiglu_math(q, g, u, s):
     """`_dswiglu_values` on loaded tiles (fp32; zeros where a row is masked): the one expression every
-    dSwiGLU kernel evaluates, so their outputs agree bit for bit. The same expressions one output at a time
-    below (`dswiglu_hs`, `dswiglu_du`, `dswiglu_dg`: `tests/test_fp8_dswiglu_split.py` holds them to this
-    bitwise) serve a kernel that computes each output from the tiles in shared memory (`dswiglu_fp8_gluon`,
-    RELOAD). Written out here rather than composed of them: composed, the sm_90 compile of the shipped Gluon
-    kernel schedules differently (256 bytes of stack against 272, Triton 3.6), which no GPU has timed."""
+    dSwiGLU kernel evaluates, so their outputs agree bit for bit."""
     sig = tl.sigmoid(g)
     silu = g * sig
     h = silu * u
     dh = q * s[:, None]
     dg = dh * u * (sig + silu * (1.0 - sig))
     return dg, dh * silu, h * s[:, None], tl.sum(q * h, axis=1)
-
-
-@triton.jit
-def dswiglu_hs(q, g, u, s):
-    """(s * h, this block's share of ds = <q, h>), h = silu(g) * u."""
-    h = g * tl.sigmoid(g) * u
-    return h * s[:, None], tl.sum(q * h, axis=1)
-
-
-@triton.jit
-def dswiglu_du(q, g, s):
-    """du = (q * s) * silu(g)."""
-    return (q * s[:, None]) * (g * tl.sigmoid(g))
-
-
-@triton.jit
-def dswiglu_dg(q, g, u, s):
-    """dg = (q * s) * u * silu'(g), silu'(g) = sig + silu * (1 - sig)."""
-    sig = tl.sigmoid(g)
-    silu = g * sig
-    return (q * s[:, None]) * u * (sig + silu * (1.0 - sig))
 
 
 @triton.jit
