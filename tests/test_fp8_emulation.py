@@ -349,3 +349,44 @@ def test_job_check_allows_fp8_on_both_backends(precision, backend):
     job = SimpleNamespace(mega_moe=SimpleNamespace(precision=precision, backend=backend),
                           model=SimpleNamespace(converters=[]))
     assert check_job(job, None)[0] == precision
+
+
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_a_clear_error(monkeypatch):
+    """Block FP8 on the Triton backend needs e4m3 MMAs (compute capability 8.9 and up): on an older GPU the op
+    and the TorchTitan job check stop with the GPU named and the fix, before any kernel compiles; the
+    reference backend's emulation and bf16 still run there."""
+    pytest.importorskip("torchtitan")
+    from titan_megamoe.integrations.torchtitan import converter
+    from titan_megamoe.precision import check_backend_precision, recipe_for
+
+    capability = [(8, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(
+        major=capability[0][0], minor=capability[0][1], name="NVIDIA A100-SXM4-80GB"))
+    cuda = torch.device("cuda", 0)
+    for precision in ("fp8", "fp8_bwd"):
+        with pytest.raises(ValueError, match=r"needs a GPU with FP8 tensor cores .* A100-SXM4-80GB has 8\.0; "
+                                             r"use precision='bf16'"):
+            check_backend_precision(recipe_for(precision), "triton", cuda)
+        check_backend_precision(recipe_for(precision), "reference", cuda)
+        check_backend_precision(recipe_for(precision), "triton", torch.device("cpu"))  # the interpreter
+    check_backend_precision(recipe_for("bf16"), "triton", cuda)
+    monkeypatch.setattr(converter, "_device_for_checks", lambda: cuda)
+    job = SimpleNamespace(mega_moe=SimpleNamespace(precision="fp8", backend="auto"),
+                          model=SimpleNamespace(converters=[]))
+    with pytest.raises(ValueError, match=r"^\[mega_moe\] precision='fp8' needs a GPU with FP8 tensor cores"):
+        converter.check_job(job, None)
+    for capability[0] in ((8, 9), (9, 0), (10, 0)):
+        check_backend_precision(recipe_for("fp8"), "triton", cuda)
+        assert converter.check_job(job, None)[0] == "fp8"
+
+
+def test_fp8_gpu_check_also_in_the_custom_op(monkeypatch):
+    """Under torch.compile `moe` leaves the FP8 tensor-core check to the custom op's implementation (it runs
+    eagerly), whose recipe lookup takes the inputs' device: it stops on such a GPU too."""
+    from titan_megamoe import ops
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device=None: SimpleNamespace(major=7, minor=0, name="Tesla V100"))
+    with pytest.raises(ValueError, match="Tesla V100 has 7.0"):
+        ops._kernel_recipe("fp8_bwd", torch.device("cuda", 0))
+    assert ops._kernel_recipe("fp8_bwd", torch.device("cpu")).precision.value == "fp8_bwd"

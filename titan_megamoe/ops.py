@@ -56,10 +56,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _kernel_recipe(precision: str) -> Recipe:
-    """The recipe of a precision the Triton kernels implement; NotImplementedError for any other."""
+def _kernel_recipe(precision: str, device: torch.device | None = None) -> Recipe:
+    """The recipe of a precision the Triton kernels implement; NotImplementedError for any other, ValueError
+    for block FP8 on a `device` without FP8 tensor cores."""
     recipe = recipe_for(precision)
-    check_backend_precision(recipe, "triton")
+    check_backend_precision(recipe, "triton", device)
     return recipe
 
 
@@ -79,7 +80,7 @@ def moe_forward(
     from .pipeline import fused_moe_forward
 
     out, residuals = fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
-                                       _kernel_recipe(precision))
+                                       _kernel_recipe(precision, x_TD.device))
     return [out, *residuals]
 
 
@@ -230,7 +231,8 @@ def moe(
     check_ep_transport(ep_transport, ep_capacity_factor)
     recipe = recipe_for(precision, x_TD.device)
     resolved = resolve_backend(backend, x_TD.device)
-    check_backend_precision(recipe, resolved)
+    # the GPU's FP8 check reads device properties; under torch.compile the custom op's implementation makes it
+    check_backend_precision(recipe, resolved, None if torch.compiler.is_compiling() else x_TD.device)
     check_block_shapes(x_TD.shape[1], w1_EFD.shape[1], recipe)
     if ep_group is not None and resolved == "reference" and ep_transport != "all_to_all":
         raise ValueError(f"titan_megamoe.moe: ep_transport={ep_transport!r} runs the Triton backend; the reference "

@@ -110,10 +110,25 @@ def recipe_for(precision: "str | Precision", device: torch.device | None = None)
     return RECIPES[p]
 
 
-def check_backend_precision(recipe: Recipe, backend: str) -> None:
-    """A recipe the resolved backend cannot run stops here (NotImplementedError), never falls back."""
+# e4m3 MMAs exist from compute capability 8.9 (Ada) on; the block-FP8 kernels are built and tested for Hopper (9.0)
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def check_backend_precision(recipe: Recipe, backend: str, device: torch.device | None = None) -> None:
+    """A recipe the resolved backend cannot run stops here (NotImplementedError), never falls back; block FP8
+    on the Triton backend on a CUDA `device` without FP8 tensor cores stops with a ValueError."""
     if backend == "triton" and recipe.precision not in TRITON_PRECISIONS:
         raise NotImplementedError(
             f"precision={recipe.precision.value!r} is not implemented on backend='triton'; the Triton kernels "
             f"run {', '.join(repr(p.value) for p in TRITON_PRECISIONS)}"
         )
+    if (backend == "triton" and device is not None and device.type == "cuda"
+            and (recipe.quantized() or recipe.quantized(backward=True))):
+        # get_device_properties (cached by torch) rather than get_device_capability: torch.compile folds it
+        gpu = torch.cuda.get_device_properties(device)
+        if (gpu.major, gpu.minor) < FP8_MIN_CAPABILITY:
+            raise ValueError(
+                f"precision={recipe.precision.value!r} needs a GPU with FP8 tensor cores (compute capability 8.9 or "
+                f"newer; the kernels are built for Hopper, 9.0), but {gpu.name} has {gpu.major}.{gpu.minor}; use "
+                f"precision='bf16', or backend='reference' for the FP8 emulation"
+            )

@@ -48,9 +48,11 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
     try:
         # a job with `auto` gets the fused kernels' precisions only: the FP8 emulation is an oracle (slow,
         # host-synchronising), trained with on purpose (backend reference), never picked by `auto`
-        check_backend_precision(recipe, "triton" if cfg.backend == "auto" else backend)
+        check_backend_precision(recipe, "triton" if cfg.backend == "auto" else backend, device)
     except NotImplementedError as e:
         _fail(f"{e} (set --mega_moe.precision bf16, or --mega_moe.backend reference for the emulation)")
+    except ValueError as e:  # block FP8 on a GPU without FP8 tensor cores: the message names the fix
+        _fail(str(e))
 
     if parallel_dims is not None:
         if parallel_dims.tp > 1:
