@@ -13,6 +13,10 @@ path and precision, dense layers' float8 Linear recipe, torch.compile), and writ
   Beside them, not part of the rule: each pair's signed mean (a curve that stays below or above the other
   shows there, where the |difference| cannot say which) and the bf16 floor |mega_moe bf16 - stock bf16|,
   two bf16 runs that differ only in summation order (and, arms of separate A/B runs, in the run).
+- where the curves part, not part of the rule either: for each FP8 pair the first step whose |difference|
+  exceeds the largest |difference| of the bf16 floor over the whole run, the pair's signed mean from there
+  on, both arms' loss and gradient norm around that step, and each arm's share of steps whose gradient
+  norm was clipped (above `training.max_norm`) in the first quarter of the run and after it.
 
     python scripts/fp8_training_compare.py AB_DIR_OR_JSON[:ARM[,ARM]] [...] --out docs/results/fp8_training_<stamp>
 
@@ -81,6 +85,8 @@ def load_arms(paths: list[Path], only: dict[Path, list[str] | None]) -> list[dic
                          "tps_median": s["tps_median"], "step_time_s": s["step_time_s"],
                          "peak_memory_gib": s["peak_memory_gib"], "final_loss": s["final_loss"],
                          "losses": {st["step"]: st["loss"] for st in arm["steps"]},
+                         "grad_norms": {st["step"]: st.get("grad_norm") for st in arm["steps"]},
+                         "max_norm": _resolved(arm, "training.max_norm"),
                          "environment": record.get("environment", {})})
     return arms
 
@@ -117,7 +123,8 @@ def loss_rule(arms: list[dict]) -> dict:
     stock = [stock8["losses"][s] - stock16["losses"][s] for s in steps]
     floor = [mega16["losses"][s] - stock16["losses"][s] for s in steps]
     ms, ss = _stats(mega), _stats(stock)
-    return {"steps": len(steps), "arms": {"mega_moe_fp8": mega8["label"], "mega_moe_bf16": mega16["label"],
+    pairs = {"mega_moe_fp8_vs_bf16": (mega8, mega16, mega), "stock_float8_vs_bf16": (stock8, stock16, stock)}
+    return {"parting": parting(steps, floor, pairs), "steps": len(steps), "arms": {"mega_moe_fp8": mega8["label"], "mega_moe_bf16": mega16["label"],
                                           "stock_float8": stock8["label"], "stock_bf16": stock16["label"]},
             "mega_moe_fp8_vs_bf16": ms, "stock_float8_vs_bf16": ss, "bf16_floor": _stats(floor),
             "met": {k: ms[k] <= ss[k] for k in RULE_STATS},
@@ -125,6 +132,40 @@ def loss_rule(arms: list[dict]) -> dict:
             "curves": {name: [a["losses"][s] for s in steps]
                        for name, a in (("mega_moe_fp8", mega8), ("mega_moe_bf16", mega16),
                                        ("stock_float8", stock8), ("stock_bf16", stock16))}}
+
+
+PARTING_WINDOW = (-3, 8)  # steps shown around the step where a pair's curves part
+
+
+def _clipped_share(arm: dict, steps: list[int]) -> float | None:
+    """Share of `steps` whose gradient norm exceeded the arm's max_norm (so the optimizer clipped it)."""
+    norms = [arm["grad_norms"].get(s) for s in steps]
+    if not steps or arm["max_norm"] in (None, 0) or any(n is None for n in norms):
+        return None
+    return sum(n > arm["max_norm"] for n in norms) / len(steps)
+
+
+def parting(steps: list[int], floor: list[float], pairs: dict) -> dict:
+    """Where each FP8 pair's curves leave each other: the first step whose |difference| exceeds the bf16
+    floor's largest |difference| over the run (None: never), the signed mean from there on, the two arms'
+    losses and gradient norms around it, and the clipped share of each arm's steps (first quarter, rest)."""
+    bound = max(abs(f) for f in floor)
+    quarter = max(1, len(steps) // 4)
+    out = {"bf16_floor_max_abs": bound}
+    for name, (a, b, diffs) in pairs.items():
+        first = next((i for i, d in enumerate(diffs) if abs(d) > bound), None)
+        lo, hi = PARTING_WINDOW
+        window = steps[max(0, first + lo):first + hi] if first is not None else []
+        out[name] = {
+            "first_step_beyond_floor": steps[first] if first is not None else None,
+            "mean_signed_from_there": statistics.fmean(diffs[first:]) if first is not None else None,
+            "around": [{"step": s, "loss": [a["losses"][s], b["losses"][s]],
+                        "grad_norm": [a["grad_norms"].get(s), b["grad_norms"].get(s)]} for s in window],
+            "clipped_share": {label: {"first_quarter": _clipped_share(arm, steps[:quarter]),
+                                      "rest": _clipped_share(arm, steps[quarter:])}
+                              for label, arm in (("fp8", a), ("bf16", b))},
+        }
+    return out
 
 
 def speed(arms: list[dict]) -> dict:
@@ -172,7 +213,30 @@ def markdown(result: dict) -> str:
               f"({'all met' if all(met.values()) else 'not all met'}). Each pair's arms may come from separate "
               "A/B runs (non-deterministic, same seed). The bf16 floor row is two bf16 runs whose experts differ only in "
               "summation order: what a difference of the two FP8 pairs beyond it owes to FP8 (or to the run).", ""]
-    lines += ["## Environment of each A/B file", ""]
+    pt = lr["parting"]
+    lines += ["## Where the curves part (not part of the rule)", "",
+              f"The first step whose |difference| exceeds the bf16 floor's largest over the run "
+              f"({pt['bf16_floor_max_abs']:.5f}), the signed mean from there on, and the share of steps whose "
+              "gradient norm was clipped (above max_norm), first quarter / rest:", "",
+              "| pair | parts at step | signed mean from there | clipped, FP8 arm | clipped, bf16 arm |",
+              "|---|---|---|---|---|"]
+
+    def share(c):
+        return " / ".join("-" if v is None else f"{v:.0%}" for v in (c["first_quarter"], c["rest"]))
+
+    for key in ("mega_moe_fp8_vs_bf16", "stock_float8_vs_bf16"):
+        p = pt[key]
+        signed = "-" if p["mean_signed_from_there"] is None else f"{p['mean_signed_from_there']:+.5f}"
+        lines.append(f"| {key} | {p['first_step_beyond_floor'] or 'never'} | {signed} | "
+                     f"{share(p['clipped_share']['fp8'])} | {share(p['clipped_share']['bf16'])} |")
+    for key in ("mega_moe_fp8_vs_bf16", "stock_float8_vs_bf16"):
+        if pt[key]["around"]:
+            lines += ["", f"{key} around that step (loss FP8 / bf16, gradient norm FP8 / bf16):", "",
+                      "| step | loss | gradient norm |", "|---|---|---|"]
+            for r in pt[key]["around"]:
+                gn = " / ".join("-" if g is None else f"{g:.2f}" for g in r["grad_norm"])
+                lines.append(f"| {r['step']} | {r['loss'][0]:.4f} / {r['loss'][1]:.4f} | {gn} |")
+    lines += ["", "## Environment of each A/B file", ""]
     for source, env in {Path(a["source"]).name: a["environment"] for a in result["arms"]}.items():
         lines.append(f"- `{source}`: {env.get('date')}, {env.get('device')}, {json.dumps(env.get('versions'))}, "
                      f"git {json.dumps(env.get('git'))}")

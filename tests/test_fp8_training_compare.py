@@ -58,4 +58,13 @@ def test_compare_names_arms_and_computes_targets(tmp_path):
     assert lr["mega_moe_fp8_vs_bf16"]["mean_signed_last_half"] == step2["m8"] - step2["m16"]
     assert lr["bf16_floor"]["mean_signed_last_half"] == step2["m16"] - step2["s16"]
     assert sorted(lr["met"]) == sorted(["mean_abs", "median_abs", "max_abs", "mean_abs_last_half"])
+    # where the curves part: the first step beyond the bf16 floor's largest |difference|, none before it
+    pt = lr["parting"]
+    for key, side in (("mega_moe_fp8_vs_bf16", "mega_moe"), ("stock_float8_vs_bf16", "stock")):
+        diffs = [lr["per_step"][str(s)][side] for s in (1, 2)]
+        first = pt[key]["first_step_beyond_floor"]
+        beyond = [s for s, d in zip((1, 2), diffs) if d > pt["bf16_floor_max_abs"]]
+        assert first == (beyond[0] if beyond else None)
+        shares = pt[key]["clipped_share"]["fp8"]
+        assert shares["first_quarter"] is not None and 0 <= shares["first_quarter"] <= 1
     assert (out / "compare.png").stat().st_size > 0 and "Loss over 2 steps" in (out / "compare.md").read_text()
