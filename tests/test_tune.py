@@ -179,3 +179,17 @@ def test_untuned_fp8_shapes_get_the_gluon_kernels_on_hopper_and_triton_elsewhere
                 assert not cfg.gluon and cfg == configs._GPU_DEFAULTS_FP8_TRITON[kernel]
     finally:
         configs._table_config.cache_clear()
+
+
+def test_every_gpu_candidate_is_a_valid_config():
+    """What `titan-megamoe tune` tries on a GPU passes the checks a table entry must pass (a candidate the
+    kernel cannot take would fail at launch, hours into a run), and grouped Gluon items are among FP8's."""
+    from titan_megamoe.validation import check_tile_config
+
+    for precision, table in (("bf16", candidates.CANDIDATES), ("fp8", candidates.CANDIDATES_FP8)):
+        for kernel, cfgs in table.items():
+            assert len(set(cfgs)) == len(cfgs), f"{precision} {kernel}: a candidate listed twice"
+            for cfg in cfgs:
+                check_tile_config(kernel, cfg, configs.ROW_BLOCK_M, precision)
+    for kernel in ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx"):
+        assert any(c.gluon and c.group_m > 1 for c in candidates.CANDIDATES_FP8[kernel])
