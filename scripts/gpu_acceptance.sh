@@ -8,7 +8,9 @@
 # in the default: `ab_fp8_30b_1gpu`, block FP8 training on Qwen3-30B-A3B shapes (needs the H200's memory: both
 # arms ran out of an 80 GB H100's on 2026-12-06): mega_moe fp8 against stock bf16, then against stock's float8
 # recipe FLOAT8_ARGS (default: float8 Linear, tensorwise, the fastest stock float8 variant on 2026-12-03), and
-# `float8_variants`, stock's four float8 variants against each other (H200 too). Each
+# `float8_variants`, stock's four float8 variants against each other (H200 too), and `fp8_bwd_loss`, 200 steps
+# of mega_moe bf16 against mega_moe fp8_bwd on that config (H200: which of fp8's forward and backward moves
+# the 200-step loss offset, docs/kernels.md). Each
 # stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
 # the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
 # one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
@@ -20,7 +22,7 @@ out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
-known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants"  # the default ones, then the others
+known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants fp8_bwd_loss"  # the default ones, then the others
 stages=${STAGES:-$all_stages}
 for name in $stages; do
   case " $known_stages " in
@@ -118,3 +120,8 @@ float8_variants() {
   done
 }
 stage float8_variants "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f float8_variants); float8_variants"
+# the loss offset's next question: does fp8's forward or its backward move it? (the A/B's report has the per-step
+# loss difference; docs/results/fp8_training_20261204/ has the fp8 runs to set it beside)
+stage fp8_bwd_loss 590 python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps 200 --warmup 8 \
+  --no-deterministic --arms mega_moe,mega_moe --mega-args "--compile.enable" \
+  --repeat-args "--mega_moe.precision fp8_bwd" --out "$out/fp8_bwd_loss"
