@@ -345,7 +345,8 @@ def shipped_fp8_rows(dim: int, hidden: int) -> dict:
     out["gemm1"] = dict(gluon_gemm1_ws(c.num_stages, c.block_n, c.group_m) if c.gluon else gemm1(c.block_n, **kw),
                         block_n=c.block_n)
     kw, c = cfg("gemm2")
-    out["gemm2"] = dict(gluon_rows_ws(c.block_n, c.num_stages, group_m=c.group_m) if c.gluon else grouped_gemm(c.block_n, False, **kw),
+    out["gemm2"] = dict(gluon_rows_ws(c.block_n, c.num_stages, group_m=c.group_m) if c.gluon
+                        else grouped_gemm(c.block_n, False, **kw),
                         block_n=c.block_n)
     kw, c = cfg("dx")
     out["dx"] = dict(gluon_rows_ws(c.block_n, c.num_stages, group_m=c.group_m) if c.gluon

@@ -73,7 +73,8 @@ def test_use_tile_table_goes_first_and_checks_entries(tmp_path):
         desc = configs.use_tile_table(path)
         assert str(path) in desc and "sha256" in desc and configs.tile_table_in_use() == desc
         assert configs._table_config("gemm2", 4096, 14336, "fp8") == cfg
-        assert configs._table_config("dx", 4096, 14336, "fp8") == configs.default_configs(14336, "fp8")["dx"]  # not in it
+        # not in it
+        assert configs._table_config("dx", 4096, 14336, "fp8") == configs.default_configs(14336, "fp8")["dx"]
     finally:
         configs.use_tile_table(None)
     assert configs._table_config("gemm2", 4096, 14336, "fp8") == configs.default_configs(14336, "fp8")["gemm2"]

@@ -216,7 +216,8 @@ def _consumer_of(a_smem, b_smem, ready, empty, xs_ptr, w1s_ptr, w3s_ptr, tile_ex
 @gluon.jit
 def _fp8_gemm1_ws_kernel(x_desc, w1_desc, w3_desc, xs_ptr, w1s_ptr, w3s_ptr, tile_expert_ptr, tile_row_ptr,
                          offsets_ptr, g_ptr, u_ptr, h_ptr, hs_ptr, N, D, H, num_items, BLOCK_N: gl.constexpr,
-                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                         PRODUCER_REGS: gl.constexpr):
     # a weight tile: W1's BLOCK_N rows above W3's
     a_smem, b_smem, ready, empty = ring(x_desc, w1_desc, 2 * BLOCK_N, STAGES)
     kb = D // 128
