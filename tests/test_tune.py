@@ -182,6 +182,19 @@ def test_untuned_fp8_shapes_get_the_gluon_kernels_on_hopper_and_triton_elsewhere
         configs._table_config.cache_clear()
 
 
+def test_a_user_tables_gluon_entry_off_hopper_is_an_error(tmp_path, monkeypatch):
+    """The shipped table's Gluon entries fall back to the Triton tiles off Hopper; a table the user chose
+    must not be swapped silently: loading it names the entry and the fix."""
+    cfg = configs.default_configs(512, "fp8")["gemm2"]
+    assert cfg.gluon
+    path = tmp_path / "tiles.json"
+    path.write_text(json.dumps({"configs": {"fp8": {"1024x512": {"gemm2": cfg.to_record()}}}, "runs": []}))
+    monkeypatch.setattr(configs, "_gluon_gpu", lambda: False)
+    with pytest.raises(ValueError, match=r"fp8 1024x512 gemm2: a Gluon kernel.*Hopper.*titan-megamoe tune"):
+        configs.use_tile_table(path)
+    assert configs.tile_table_in_use() is None
+
+
 def test_every_gpu_candidate_is_a_valid_config():
     """What `titan-megamoe tune` tries on a GPU passes the checks a table entry must pass (a candidate the
     kernel cannot take would fail at launch, hours into a run), and grouped Gluon items are among FP8's."""

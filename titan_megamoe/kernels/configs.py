@@ -237,6 +237,10 @@ def use_tile_table(path: "str | Path | None") -> str | None:
                     check_tile_config(kernel, cfg, ROW_BLOCK_M, precision)
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"{where}: {e}") from None
+                if cfg.gluon and not _gluon_gpu():  # the shipped table falls back; a user's own choice must not
+                    raise ValueError(f"{where}: a Gluon kernel (\"gluon\": true), which issues sm_90 wgmma and needs "
+                                     f"a Hopper GPU; this GPU is not one: retune the table on this GPU "
+                                     f"(`titan-megamoe tune`) or drop the entry")
                 table.setdefault(precision, {}).setdefault(shape, {})[kernel] = cfg
     _user_table = table
     _user_table_source = f"{path} (sha256 {hashlib.sha256(raw).hexdigest()[:12]})"
@@ -281,7 +285,7 @@ def _table_config(kernel: str, dim: int, hidden: int, precision: str) -> TileCon
     user = _user_table.get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
     tuned = _tuned_table().get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
     cfg = user or (TileConfig.from_record(tuned) if tuned else default_configs(hidden, precision)[kernel])
-    if cfg.gluon and not _gluon_gpu():
+    if cfg.gluon and not _gluon_gpu():  # shipped or default entries only: use_tile_table refuses these
         cfg = _GPU_DEFAULTS_FP8_TRITON[kernel]
     if kernel in ROW_KERNELS and precision != "fp8":
         # narrow problems (small D or H) must not ask for tiles wider than the matrix
