@@ -12,7 +12,7 @@ rounding, plus fp32 summation slack); a variant that fails is reported "WRONG" a
 `triton.testing.do_bench` medians (us), TFLOP/s = 2*N*H*D; `cublas_dense_*` is one dense [N, H] x [H, D]
 matmul of the same FLOPs (torch, cuBLAS): a ceiling, no grouping. Writes JSON (environment, rows) to --out.
 
-    python scripts/bench_bf16_gluon.py --out docs/results                  # ~3 minutes, compiles included
+    python scripts/bench_bf16_gluon.py --out docs/results     # under a minute on an H100, compiles included
     python scripts/bench_bf16_gluon.py --shapes 30b --variants 0 2         # a subset
 """
 

@@ -188,7 +188,7 @@ PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kern
 
 def gluon_bf16_problems(cfg) -> list[str]:
     """What keeps a gemm2 gluon tile config off bf16's one Gluon kernel, the persistent warp-specialised
-    GEMM2 (`kernels.bf16_rows_ws_gluon`, an untimed experiment): each as the requirement it misses, none
+    GEMM2 (`kernels.bf16_rows_ws_gluon`, an opt-in experiment): each as the requirement it misses, none
     when it fits. The grouped GEMM's launch checks the same, and what only the launch knows (operands, EP)."""
     from .kernels.bf16_rows_ws_gluon import BLOCK_K, max_stages
 

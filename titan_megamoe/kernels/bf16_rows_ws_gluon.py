@@ -1,6 +1,6 @@
 """The bf16 GEMM2 in Gluon, persistent and warp-specialised: an experiment beside `grouped_gemm`'s Triton
-kernel, launched only where a bf16 gemm2 tile config sets `gluon` and `warp_specialize` (GPU only). Untimed:
-nothing selects it until a GPU run (scripts/bench_fp8_gluon.py --precision bf16) says it wins.
+kernel, launched only where a bf16 gemm2 tile config sets `gluon` and `warp_specialize` (GPU only; not in the
+shipped table or the defaults). Timed once, on an H100, it lost (below): nothing selects it.
 
     y[order(p)] = h_p W2_e^T      (h [N, H] expert-sorted rows, W2 [E, D, H]: K-major, y [N, D] routed rows)
 
@@ -24,6 +24,15 @@ Rows past an expert's end are computed (TMA's rows of the next expert, or zeros 
 store. Columns likewise: D need not be a multiple of BLOCK_N (the last item reads the next expert's weight
 rows, or TMA's zeros past the matrix, into columns the store drops), so D=1152 runs 256-column items too.
 The reduction must not run into the next expert's columns: H is a multiple of the K block (64).
+
+Measured (scripts/bench_bf16_gluon.py, one run on an H100, docs/results/bench_bf16_gluon_20261206T200637.json):
+bitwise the Triton kernel's output at every shape and variant, and slower. 256 columns, 4 stages: 0.95x
+at Qwen3-30B-A3B (770 against 733 us), 0.98x at 235B-A22B, 0.95x Mixtral-like; 3 stages 0.94x, 0.99x,
+0.87x; 128 columns 0.74-0.89x. So the structure alone does not carry over to bf16: the FP8 kernels won by
+overlapping the promotion, which bf16 does not have. Not measured, a guess at what it lacks: the two
+consumers share each item's stages, so they reach its epilogue together and the tensor cores idle while
+both store (a second accumulator to store one item while the next one's MMAs run fits at 128 columns
+only; the ping-pong schedule, consumers on alternate items, would halve the weight tile's reuse).
 """
 
 from __future__ import annotations
