@@ -180,23 +180,6 @@ def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False,
                        BLOCK_N=block_n, STAGED_SCALES=staged, GROUP_M=group_m)
 
 
-def gluon_bf16_rows_ws(block_n: int = 256, stages: int = 4, sorted_out: bool = False, group_m: int = 1):
-    """The persistent warp-specialised Gluon bf16 GEMM2 (`bf16_rows_ws_gluon`), as it launches."""
-    from triton.experimental.gluon import language as gl
-
-    from titan_megamoe.kernels import bf16_rows_ws_gluon as bf
-    from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
-
-    def desc(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, bf.BLOCK_K], gl.bfloat16)
-        return f"tensordesc<bf16[{rows}, {bf.BLOCK_K}],{layout!r}>"
-
-    sig = {"a_desc": desc(ws.HALF_M.value), "b_desc": desc(block_n), **PLAN, "out_ptr": "*bf16",
-           **_types("N KD ND num_items", "i32")}
-    return _compile_ws(bf._bf16_rows_ws_kernel, sig, stages, ws.consumer_regs(block_n), ws.PRODUCER_REGS,
-                       SORTED_OUT=sorted_out, BLOCK_N=block_n, GROUP_M=group_m)
-
-
 def gluon_gemm1_ws(stages: int = 4, block_n: int = 64, group_m: int = 1):
     """The persistent warp-specialised Gluon block-FP8 GEMM1 (`fp8_gemm1_ws_gluon`), as it launches."""
     from titan_megamoe.kernels import fp8_gemm1_ws_gluon as g1
@@ -407,8 +390,6 @@ JOBS = {  # Triton FP8 row kernels (the tiles off Hopper: kernels/configs.py) an
     "gluon gemm2/dx 128 rows 8 warps": lambda: gluon_rows(block_m=128, num_warps=8),
     "gluon gemm2/dx persistent, warp-specialised, 4 stages": lambda: gluon_rows_ws(),
     "gluon dgrad q persistent, warp-specialised, 4 stages": lambda: gluon_rows_ws(sorted_out=True),
-    "gluon bf16 gemm2 persistent, warp-specialised, 128 columns, 4 stages": lambda: gluon_bf16_rows_ws(128),
-    "gluon bf16 gemm2 persistent, warp-specialised, 256 columns, 4 stages": lambda: gluon_bf16_rows_ws(256, 4),
     "gluon gemm1 persistent, warp-specialised, 4 stages": lambda: gluon_gemm1_ws(),
     "gluon wgrad persistent, warp-specialised, 4 stages": lambda: gluon_wgrad_ws(),
     "gluon gemm1 64 rows 4 warps": lambda: gluon_gemm1(),

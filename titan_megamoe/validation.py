@@ -186,33 +186,15 @@ GLUON_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx", "wgrad_w2", "wgr
 PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kernels/grouped_gemm.py)
 
 
-def gluon_bf16_problems(cfg) -> list[str]:
-    """What keeps a gemm2 gluon tile config off bf16's one Gluon kernel, the persistent warp-specialised
-    GEMM2 (`kernels.bf16_rows_ws_gluon`, an opt-in experiment): each as the requirement it misses, none
-    when it fits. The grouped GEMM's launch checks the same, and what only the launch knows (operands, EP)."""
-    from .kernels.bf16_rows_ws_gluon import BLOCK_K, max_stages
-
-    deepest = max_stages(cfg.block_n) if cfg.block_n in (128, 256) else None
-    return [why for bad, why in (
-        (not cfg.warp_specialize, "warp_specialize=True (the persistent warp-specialised kernel)"),
-        (not cfg.tma, "tma=True (both operands come through TMA)"),
-        (cfg.block_m != 128 or cfg.num_warps != 8, "block_m 128 and num_warps 8 (two consumer warpgroups of 64 rows)"),
-        (cfg.block_k != BLOCK_K, f"block_k {BLOCK_K} (128 bytes of bf16, the swizzle's width)"),
-        (deepest is None, "block_n 128 or 256"),
-        (deepest is not None and not 2 <= cfg.num_stages <= deepest,
-         f"num_stages 2 to {deepest} with block_n {cfg.block_n} (shared memory)"),
-    ) if bad]
-
-
 def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None = None) -> None:
     """A forced tile config must fit its kernel: row-tiled kernels take the plan's tiles whole or in equal
     parts (block_m divides the plan's BLOCK_M), `split` exists only for dgrad, warp specialisation only
     for the TMA loops of gemm2, dx and the sorted-copy weight gradients and for the Gluon kernels, grouped
     row order (group_m) only for the row-tiled kernels, sorted_copy only for the weight gradients with tma,
-    gluon only for the block-FP8 GEMM1, GEMM2, dgrad, dx and weight gradients and the bf16 GEMM2 with the
-    shapes its kernel takes (`precision`, where the caller knows it: a table entry's; without it, a config
-    either precision's kernel takes), persistent only for the grouped GEMM's kernels (gemm2, dx, split
-    dgrad's GEMM), weight_tma only for dgrad's own kernel, pairs_in_one_loop only for dx with tma."""
+    gluon only for the block-FP8 GEMM1, GEMM2, dgrad, dx and weight gradients with the shapes its kernel
+    takes (`precision`, where the caller knows it: a table entry's), persistent only for the grouped GEMM's
+    kernels (gemm2, dx, split dgrad's GEMM), weight_tma only for dgrad's own kernel, pairs_in_one_loop only
+    for dx with tma."""
     from .kernels.configs import KERNELS, ROW_KERNELS
     from .kernels.configs import WGRAD_KERNELS as WGRAD
 
@@ -249,20 +231,6 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
         raise ValueError(f"{kernel}: weight_tma applies to dgrad_swiglu without tma only (tma there copies dout's "
                          f"rows into sorted order and runs the grouped GEMM, whose operands are all TMA); got {cfg}")
     if cfg.gluon:
-        # bf16: the warp-specialised GEMM2 alone (`gluon_bf16_problems`). Without a precision (a forced
-        # config) one that fits it passes; the rest are held to the block-FP8 rules below
-        bf16_wrong = gluon_bf16_problems(cfg) if kernel == "gemm2" and precision in (None, "bf16") else None
-        if precision == "bf16":
-            if kernel != "gemm2":
-                raise ValueError(f"{kernel}: gluon applies to bf16 gemm2 only (`bf16_rows_ws_gluon`), not to bf16 "
-                                 f"{kernel}; drop gluon from this entry (block FP8 has Gluon kernels for "
-                                 f"{', '.join(GLUON_KERNELS)})")
-            if bf16_wrong:
-                raise ValueError(f"{kernel}: the bf16 gluon kernel (`bf16_rows_ws_gluon`, persistent and "
-                                 f"warp-specialised) needs {'; '.join(bf16_wrong)}; got {cfg}")
-            return
-        if precision is None and bf16_wrong == []:
-            return
         if kernel not in GLUON_KERNELS or precision not in (None, "fp8"):
             raise ValueError(f"{kernel}: gluon applies to block FP8 {', '.join(GLUON_KERNELS)} only"
                              + (f", not to {precision}" if precision not in (None, "fp8") else ""))
@@ -290,8 +258,7 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
             (kernel == "dgrad_swiglu" and not cfg.split, "split=True for dgrad (the kernel is its GEMM alone)"),
         ) if bad]
         if wrong:
-            bf16 = f" (bf16's gemm2 kernel: {'; '.join(bf16_wrong)})" if kernel == "gemm2" and bf16_wrong else ""
-            raise ValueError(f"{kernel}: the gluon kernel needs {'; '.join(wrong)}; got {cfg}{bf16}")
+            raise ValueError(f"{kernel}: the gluon kernel needs {'; '.join(wrong)}; got {cfg}")
 
 
 EP_TRANSPORTS = ("all_to_all", "symm_mem")

@@ -210,13 +210,12 @@ def store_rows(out_ptr, acc, row0, row_end, n0, order_ptr, ND, BLOCK_M: gl.const
     gl.store(out_ptr + off, val, mask=row_ok[:, None] & (cols < ND)[None, :])
 
 
-def _descriptor(t: torch.Tensor, rows: int, dtype=gl.float8e4nv, cols: int = SCALE_BLOCK) -> TensorDescriptor:
-    """A TMA descriptor over t as a matrix (leading dimensions flattened) in [rows, cols] tiles, with the
-    MMA-friendly shared-memory layout of `dtype` (t's element type in Gluon's terms): 128 e4m3 or 64 bf16
-    columns are 128 bytes, the widest swizzle (`bf16_rows_ws_gluon`)."""
+def _descriptor(t: torch.Tensor, rows: int, dtype=gl.float8e4nv) -> TensorDescriptor:
+    """A TMA descriptor over t as a matrix (leading dimensions flattened) in [rows, 128] tiles, with the
+    MMA-friendly shared-memory layout of `dtype` (t's element type in Gluon's terms)."""
     t = t.reshape(-1, t.shape[-1])
-    layout = gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)
-    return TensorDescriptor.from_tensor(t, [rows, cols], layout)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, SCALE_BLOCK], dtype)
+    return TensorDescriptor.from_tensor(t, [rows, SCALE_BLOCK], layout)
 
 
 def pair_args(a1: BlockScaled, b1: BlockScaled, a2: BlockScaled | None, b2: BlockScaled | None, a_rows: int,

@@ -61,12 +61,10 @@ MAXNREG = 65536 // (12 * 32) // 8 * 8
 def ring(a_desc, b_desc, B_ROWS: gl.constexpr, STAGES: gl.constexpr, A_TILES: gl.constexpr = 1):
     """The pipeline the producer fills and the consumers drain: STAGES stages of A's two 64-row halves
     (a_smem[2s], a_smem[2s + 1]; with A_TILES 2 a second A's halves after them, a_smem[4s] .. a_smem[4s + 3])
-    and a B_ROWS x BK weight tile, with their barriers: `ready[s]` (the stage's TMA bytes have landed) and
-    `empty[s]` (both consumers' MMAs have read it). BK, the K block: the descriptors' tile width (128 for
-    e4m3, 64 for bf16: 128 bytes either way, the swizzle's width)."""
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * A_TILES * STAGES, HALF_M, a_desc.block_shape[1]],
-                                       a_desc.layout)
-    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, B_ROWS, b_desc.block_shape[1]], b_desc.layout)
+    and a B_ROWS x 128 weight tile, with their barriers: `ready[s]` (the stage's TMA bytes have landed) and
+    `empty[s]` (both consumers' MMAs have read it)."""
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [2 * A_TILES * STAGES, HALF_M, 128], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, B_ROWS, 128], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -136,9 +134,7 @@ def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, 
               STAGES: gl.constexpr, STAGED_SCALES: gl.constexpr, GROUP_M: gl.constexpr):
     """TMA of every K block of this program's items, each into a stage both consumers have freed (a fresh
     barrier counts as freed: the first pass waits on phase 1). `it` counts K blocks across items, as the
-    consumers' does, so stages and phases run on from one item to the next. A K block is the descriptors'
-    tile width (`ring`); the bf16 GEMM2 (`bf16_rows_ws_gluon`) passes one pair (kb = total), no scales."""
-    BK: gl.constexpr = a1_desc.block_shape[1]
+    consumers' does, so stages and phases run on from one item to the next."""
     it = 0
     expert, row0, row_end, pid_n = row_item(gl.program_id(0), num_items, num_n, tile_expert_ptr, tile_row_ptr,
                                             offsets_ptr, GROUP_M)
@@ -155,13 +151,13 @@ def _producer(a1_desc, b1_desc, a2_desc, b2_desc, a_smem, b_smem, ready, empty, 
                     _stage_row_scales(a1s_ptr, a2s_ptr, sa_smem, bar, s, j, kb, row0, N)
                 mbarrier.expect(bar, 2 * a1_desc.block_type.nbytes + b1_desc.block_type.nbytes)
                 if j < kb:  # the first pair's K blocks, then the second's (dx)
-                    _tma_load(a1_desc, [row0, j * BK], bar, a_smem.index(2 * s))
-                    _tma_load(a1_desc, [row0 + HALF_M, j * BK], bar, a_smem.index(2 * s + 1))
-                    _tma_load(b1_desc, [b_row, j * BK], bar, b_smem.index(s))
+                    _tma_load(a1_desc, [row0, j * 128], bar, a_smem.index(2 * s))
+                    _tma_load(a1_desc, [row0 + HALF_M, j * 128], bar, a_smem.index(2 * s + 1))
+                    _tma_load(b1_desc, [b_row, j * 128], bar, b_smem.index(s))
                 else:
-                    _tma_load(a2_desc, [row0, (j - kb) * BK], bar, a_smem.index(2 * s))
-                    _tma_load(a2_desc, [row0 + HALF_M, (j - kb) * BK], bar, a_smem.index(2 * s + 1))
-                    _tma_load(b2_desc, [b_row, (j - kb) * BK], bar, b_smem.index(s))
+                    _tma_load(a2_desc, [row0, (j - kb) * 128], bar, a_smem.index(2 * s))
+                    _tma_load(a2_desc, [row0 + HALF_M, (j - kb) * 128], bar, a_smem.index(2 * s + 1))
+                    _tma_load(b2_desc, [b_row, (j - kb) * 128], bar, b_smem.index(s))
                 it += 1
         expert, row0, row_end, pid_n = n_expert, n_row0, n_row_end, n_pid_n
 

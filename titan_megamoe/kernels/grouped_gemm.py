@@ -20,10 +20,6 @@ reduction dimension the host requires KD % BLOCK_K == 0 so no tile reaches into 
 Block FP8 (every operand a `BlockScaled`): A rows e4m3 with 1x128 scales along KD, B an expert weight
 stored [n, k] (B_TRANS: W2 itself for GEMM2, the transposed copies W1^T, W3^T [E, D, H] for dx, since
 Hopper's FP8 MMA takes K-major operands only) with 128x128 block scales [E, ND/128, KD/128].
-
-Tile configs with `gluon` run Gluon kernels instead: block FP8's (`fp8_rows_gluon`, `fp8_rows_ws_gluon`) and,
-for bf16, GEMM2's persistent warp-specialised kernel (`bf16_rows_ws_gluon`: an experiment, opt-in, 0.94-0.99x
-the Triton kernel on an H100).
 """
 
 from __future__ import annotations
@@ -36,12 +32,10 @@ import triton.language as tl
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from ..validation import gluon_bf16_problems
 from .common import INTERPRET, matrix_descriptor, multiprocessors, new_output, tma_ok
 from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
-from .bf16_rows_ws_gluon import bf16_row_gemm_ws
 from .fp8_rows_gluon import fp8_row_gemm
 from .fp8_rows_ws_gluon import fp8_row_gemm_ws
 from .mainloop import pair_mainloop, row_mainloop
@@ -185,9 +179,6 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     operands = (a1, b1, a2, b2) if two_pairs else (a1, b1)
     use_tma = cfg.tma and kd % cfg.block_k == 0 and tma_ok(*operands)
     ws_gluon = fp8 and cfg.gluon and cfg.warp_specialize and use_tma and peers is None and arrivals is None
-    if cfg.gluon and not fp8:
-        return _bf16_gluon(kernel_name, a1, b1, b_trans, nd, plan, out_dtype, cfg, use_tma, out, sorted_out, peers,
-                           arrivals)
     if fp8 and cfg.block_n > 128 and not (ws_gluon and nd % cfg.block_n == 0):
         # 256 columns (two 128-column sub-tiles) exist in the warp-specialised Gluon kernel only; elsewhere
         # the same sums over 128-column tiles: bitwise the same output
@@ -206,9 +197,9 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     # the operands, two pointer-load passes (another summation order: not bitwise the same)
     one_loop = cfg.pairs_in_one_loop and two_pairs and use_tma
     if cfg.gluon:
-        if INTERPRET:
-            raise ValueError(f"tile config {kernel_name}: gluon runs on a GPU only (Triton's interpreter cannot run "
-                             f"Gluon); got the interpreter")
+        if not fp8 or INTERPRET:
+            raise ValueError(f"tile config {kernel_name}: gluon runs block FP8 on a GPU only (Triton's interpreter "
+                             f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
         if ws_gluon:
             return fp8_row_gemm_ws(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
                                    block_n=cfg.block_n, stages=cfg.num_stages, out=out, group_m=cfg.group_m)
@@ -239,29 +230,6 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
-
-
-def _bf16_gluon(kernel_name, a, b, b_trans, nd, plan: RoutingPlan, out_dtype, cfg, use_tma, out, sorted_out, peers,
-                arrivals):
-    """A bf16 launch whose config sets gluon: the persistent warp-specialised GEMM2 (`bf16_rows_ws_gluon`,
-    an opt-in experiment). What it does not cover (the other bf16 kernels, the interpreter, operands TMA
-    cannot take, expert parallelism's stores to peers and waits for rows) is an error that says so, not a
-    quiet switch to the Triton kernel."""
-    if cfg.block_n < 128:  # the table narrows bf16 tiles for a narrow D (`configs._table_config`); columns past
-        cfg = replace(cfg, block_n=128)  # D are masked at the store
-    wrong = [] if kernel_name == "gemm2" and b_trans else ["the kernel gemm2 (bf16's one Gluon kernel is GEMM2's)"]
-    wrong += gluon_bf16_problems(cfg) + [why for bad, why in (
-        (INTERPRET, "a GPU (Triton's interpreter cannot run Gluon)"),
-        (not use_tma and cfg.tma, f"operands TMA can cover (contiguous, 16-byte aligned rows) and H a multiple of "
-                                  f"{cfg.block_k}"),
-        (peers is not None or arrivals is not None, "no expert parallelism over symmetric memory (peer stores, "
-                                                    "arrival waits): drop gluon for EP runs"),
-    ) if bad]
-    if wrong:
-        raise ValueError(f"tile config {kernel_name}: gluon runs bf16 only as the warp-specialised gemm2 "
-                         f"(`bf16_rows_ws_gluon`), which needs {'; '.join(wrong)}; got {cfg}")
-    return bf16_row_gemm_ws(a, b, plan, nd, out_dtype, sorted_out=sorted_out, block_n=cfg.block_n,
-                            stages=cfg.num_stages, out=out, group_m=cfg.group_m)
 
 
 def _data(t):
