@@ -5,9 +5,14 @@ A synchronised layer call cannot start its first long kernel before the host has
 front of it, so host time before GEMM1 shows up as GPU idle time (scripts/profile_layer.py finds it).
 This script measures that host time directly: at a small token count the kernels are short, the GPU
 keeps up with the host, and wall time per call is the host's cost. Stages are timed alone, then the
-whole layer. Prints microseconds per call (median of --repeats blocks of --calls calls) and writes JSON.
+whole layer, forward and forward+backward, in each --precision (the fused layer's; "stock" rows are
+bf16). Prints microseconds per call (median of --repeats blocks of --calls calls) and writes JSON.
+
+Why forward+backward and FP8: at 30B-A3B T=512 the layer is host-bound (an H100, 2026-12-06: bf16 0.98x
+stock back-to-back, fp8 0.64x our bf16), and the backward's host time had not been measured.
 
     python scripts/host_overhead.py --tokens 256
+    python scripts/host_overhead.py --tokens 512 --precision bf16,fp8
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_layer import build_layers, environment, result_path  # noqa: E402
+from bench_layer import build_layers, environment, parse_precisions, result_path, run_fwd_bwd  # noqa: E402
 
 
 def host_us(fn, calls, repeats):
@@ -68,6 +73,7 @@ def stages(stock, fused, x):
     scratch = torch.empty(16, device=x.device, dtype=torch.int32)
     x_req = x.detach().requires_grad_(True)
     xs_req = x2.detach().requires_grad_(True)
+    dout = torch.randn_like(x)
     return {
         "torch.empty (reference point)": lambda: torch.empty(16, device=x.device),
         "empty Triton kernel launch": lambda: _empty_kernel[(1,)](scratch, 16, BLOCK=16),
@@ -80,8 +86,38 @@ def stages(stock, fused, x):
         "titan_megamoe.moe, no grad": lambda: _no_grad(moe, x2, ids, scores, w1, w2, w3),
         "titan_megamoe.moe, autograd": lambda: moe(xs_req, ids, scores, w1, w2, w3),
         "stock MoE layer forward": lambda: stock(x_req),
-        "fused MoE layer forward": lambda: fused(x_req),
+        "stock MoE layer forward+backward": lambda: run_fwd_bwd(stock, x, dout),
     }
+
+
+def layer_stages(fused, x, precisions):
+    """The fused layer's forward and forward+backward in each precision (a copy per precision, as
+    bench_layer.py makes them), and titan_megamoe.moe's forward+backward alone (the stock router's choice)."""
+    import copy
+
+    from titan_megamoe.ops import moe
+
+    T, D = x.shape[-2:]
+    x2 = x.view(-1, D)
+    scores, ids, _ = fused.router(x2, fused.expert_bias)  # TorchTitan's router module (kept beside the fused one)
+    x_req = x.detach().requires_grad_(True)
+    dout = torch.randn_like(x)
+    rows = {}
+    for p in precisions:
+        layer = copy.deepcopy(fused)
+        layer.experts.precision = p
+        w1, w2, w3 = (w.detach().requires_grad_(True) for w in (layer.experts.w1, layer.experts.w2, layer.experts.w3))
+        xs_req, s_req = x2.detach().requires_grad_(True), scores.detach().requires_grad_(True)
+
+        def op_fwd_bwd(p=p, w=(w1, w2, w3), xs=xs_req, s=s_req):  # every input's gradient, as in training
+            for t in (xs, s, *w):
+                t.grad = None
+            moe(xs, ids, s, *w, precision=p).backward(dout.view(-1, D))
+
+        rows[f"titan_megamoe.moe forward+backward [{p}]"] = op_fwd_bwd
+        rows[f"fused MoE layer forward [{p}]"] = lambda layer=layer: layer(x_req)
+        rows[f"fused MoE layer forward+backward [{p}]"] = lambda layer=layer: run_fwd_bwd(layer, x, dout)
+    return rows
 
 
 def _no_grad(fn, *args):
@@ -95,6 +131,8 @@ def main():
     ap.add_argument("--shape", nargs=4, type=int, metavar=("D", "H", "E", "K"), default=[2048, 768, 128, 8])
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--precision", default="bf16",
+                    help="comma-separated precisions of the fused layer's rows (e.g. bf16,fp8); default bf16")
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--cprofile", type=int, default=0, metavar="ROWS",
                     help="also profile the fused layer forward's Python with cProfile, print ROWS functions")
@@ -102,12 +140,18 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead.py needs a CUDA GPU")
     D, H, E, K = a.shape
+    precisions = parse_precisions(a.precision, ap)
     stock, fused, x = build_layers(a.tokens, D, H, E, K, "softmax")
-    rows = {name: host_us(fn, a.calls, a.repeats) for name, fn in stages(stock, fused, x).items()}
+    timed = {**stages(stock, fused, x), **layer_stages(fused, x, precisions)}
+    rows = {}
+    for name, fn in timed.items():
+        rows[name] = host_us(fn, a.calls, a.repeats)
+        print(f"  {name}: {rows[name]:.1f} us/call", flush=True)  # progress: the FP8 rows compile first
     env = environment()
     path = result_path(a.out, "host_overhead")
     with open(path, "w") as f:
-        json.dump({"environment": env, "tokens": a.tokens, "shape": a.shape, "host_us_per_call": rows}, f, indent=1)
+        json.dump({"environment": env, "tokens": a.tokens, "shape": a.shape, "precisions": precisions,
+                   "host_us_per_call": rows}, f, indent=1)
     print(f"wrote {path}\n{env['gpu']}  torch {env['torch']}  commit {env['commit']}  T={a.tokens} D,H,E,K={a.shape}")
     for name, us in rows.items():
         print(f"{name:<40}{us:>9.1f} us/call")

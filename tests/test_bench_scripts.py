@@ -303,13 +303,15 @@ def test_host_overhead_script_runs_every_stage(bench, monkeypatch, tmp_path, cap
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # imports scripts/bench_layer.py as `bench_layer`
     monkeypatch.setattr(sys.modules["bench_layer"], "DEVICE", "cpu")
-    monkeypatch.setattr(sys, "argv", ["host_overhead.py", "--tokens", "8", "--shape", "64", "32", "4", "2",
-                                      "--calls", "1", "--repeats", "1", "--out", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["host_overhead.py", "--tokens", "8", "--shape", "128", "128", "4", "2",
+                                      "--precision", "bf16,fp8", "--calls", "1", "--repeats", "1", "--out", str(tmp_path)])
     mod.main()
     (path,) = tmp_path.glob("host_overhead_*.json")
     rows = json.loads(path.read_text())["host_us_per_call"]
-    assert len(rows) == 12 and all(v > 0 for v in rows.values())
-    assert "fused MoE layer forward" in capsys.readouterr().out
+    assert len(rows) == 12 + 2 * 3 and all(v > 0 for v in rows.values())
+    assert {"fused MoE layer forward+backward [fp8]", "titan_megamoe.moe forward+backward [fp8]",
+            "stock MoE layer forward+backward"} <= set(rows)
+    assert "fused MoE layer forward [bf16]" in capsys.readouterr().out
 
 
 def test_ncu_layer_reads_ncu_raw_rows(monkeypatch):
