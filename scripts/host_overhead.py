@@ -97,7 +97,7 @@ def layer_stages(fused, x, precisions):
 
     from titan_megamoe.ops import moe
 
-    T, D = x.shape[-2:]
+    D = x.shape[-1]
     x2 = x.view(-1, D)
     scores, ids, _ = fused.router(x2, fused.expert_bias)  # TorchTitan's router module (kept beside the fused one)
     x_req = x.detach().requires_grad_(True)
