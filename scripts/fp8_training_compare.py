@@ -124,8 +124,9 @@ def loss_rule(arms: list[dict]) -> dict:
     floor = [mega16["losses"][s] - stock16["losses"][s] for s in steps]
     ms, ss = _stats(mega), _stats(stock)
     pairs = {"mega_moe_fp8_vs_bf16": (mega8, mega16, mega), "stock_float8_vs_bf16": (stock8, stock16, stock)}
-    return {"parting": parting(steps, floor, pairs), "steps": len(steps), "arms": {"mega_moe_fp8": mega8["label"], "mega_moe_bf16": mega16["label"],
-                                          "stock_float8": stock8["label"], "stock_bf16": stock16["label"]},
+    return {"parting": parting(steps, floor, pairs), "steps": len(steps),
+            "arms": {"mega_moe_fp8": mega8["label"], "mega_moe_bf16": mega16["label"],
+                     "stock_float8": stock8["label"], "stock_bf16": stock16["label"]},
             "mega_moe_fp8_vs_bf16": ms, "stock_float8_vs_bf16": ss, "bf16_floor": _stats(floor),
             "met": {k: ms[k] <= ss[k] for k in RULE_STATS},
             "per_step": {s: {"mega_moe": abs(m), "stock": abs(t)} for s, m, t in zip(steps, mega, stock)},

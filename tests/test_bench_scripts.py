@@ -304,7 +304,8 @@ def test_host_overhead_script_runs_every_stage(bench, monkeypatch, tmp_path, cap
     spec.loader.exec_module(mod)  # imports scripts/bench_layer.py as `bench_layer`
     monkeypatch.setattr(sys.modules["bench_layer"], "DEVICE", "cpu")
     monkeypatch.setattr(sys, "argv", ["host_overhead.py", "--tokens", "8", "--shape", "128", "128", "4", "2",
-                                      "--precision", "bf16,fp8", "--calls", "1", "--repeats", "1", "--out", str(tmp_path)])
+                                      "--precision", "bf16,fp8", "--calls", "1", "--repeats", "1",
+                                      "--out", str(tmp_path)])
     mod.main()
     (path,) = tmp_path.glob("host_overhead_*.json")
     rows = json.loads(path.read_text())["host_us_per_call"]

@@ -147,8 +147,7 @@ _GPU_DEFAULTS_FP8 = {
 # (bench_layer_20261206T182109.json; one round, within its noise)
 _GPU_DEFAULTS_FP8_LARGE_EXPERT = {
     **_GPU_DEFAULTS_FP8,
-    **{k: replace(_GPU_DEFAULTS_FP8[k], group_m=_GPU_DEFAULTS_LARGE_EXPERT[k].group_m) for k in
-       ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx")},
+    **{k: replace(_GPU_DEFAULTS_FP8[k], group_m=_GPU_DEFAULTS_LARGE_EXPERT[k].group_m) for k in ROW_KERNELS},
 }
 _FP8_HALF_TILE = TileConfig(64, 128, FP8_BLOCK, 4, 3, tma=True)
 _GPU_DEFAULTS_FP8_TRITON = {

@@ -133,7 +133,7 @@ CANDIDATES_FP8 = {
 # the FP8 defaults' Gluon row kernels with their items walked in groups down each column block (`group_m`:
 # large experts' weights outgrow L2; Mixtral-like on an H100, defaults with group_m 16/8 against 1: 24.66 against
 # 25.05 ms fwd+bwd, bench_layer_20261206T182007/182109.json)
-for _kernel in ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx"):
+for _kernel in configs.ROW_KERNELS:
     _base = configs.default_configs(configs.LARGE_EXPERT_HIDDEN, "fp8")[_kernel]
     CANDIDATES_FP8[_kernel] = CANDIDATES_FP8[_kernel] + [replace(_base, group_m=g) for g in (4, 8, 16)]
 
