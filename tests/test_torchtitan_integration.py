@@ -101,21 +101,26 @@ def test_bundled_configs(path):
 
 
 def test_expected_config_set_and_symlink():
-    assert {p.stem for p in CONFIGS} >= {"tiny_cpu", "qwen3_moe_debug", "qwen3_30b_a3b_1gpu", "qwen3_30b_a3b",
-                                          "qwen3_235b_a22b"}
+    assert {p.stem for p in CONFIGS} >= {"tiny_cpu", "qwen3_moe_debug", "qwen3_30b_a3b_1gpu", "qwen3_30b_a3b_80gb",
+                                          "qwen3_30b_a3b", "qwen3_235b_a22b"}
     link = REPO / "train_configs"
     assert link.is_symlink() and os.readlink(link) == "titan_megamoe/configs"
 
 
-def test_30b_1gpu_flavor_matches_estimate():
+@pytest.mark.parametrize("config, flavor, layers, params, seq_len", [
+    ("qwen3_30b_a3b_1gpu", "30B-A3B-1gpu", registry.QWEN3_30B_A3B_1GPU_LAYERS, 5.61e9, 16384),
+    ("qwen3_30b_a3b_80gb", "30B-A3B-80gb", registry.QWEN3_30B_A3B_80GB_LAYERS, 2.49e9, 8192),
+])
+def test_30b_one_gpu_flavors_match_estimates(config, flavor, layers, params, seq_len):
     from torchtitan.models.qwen3 import qwen3_args
 
-    full, small = qwen3_args["30B-A3B"], qwen3_args["30B-A3B-1gpu"]
+    full, small = qwen3_args["30B-A3B"], qwen3_args[flavor]
     assert (small.dim, small.moe_inter_dim, small.moe_args.num_experts, small.moe_args.top_k) == (2048, 768, 128, 8)
-    assert small.n_layers == registry.QWEN3_30B_A3B_1GPU_LAYERS < full.n_layers
-    c = parse(config=assets.CONFIGS_DIR / "qwen3_30b_a3b_1gpu.toml")
+    assert small.n_layers == layers < full.n_layers
+    c = parse(config=assets.CONFIGS_DIR / f"{config}.toml")
+    assert c.model.flavor == flavor and c.training.seq_len == seq_len
     n = sum(p.numel() for p in meta_model(c).parameters())
-    assert abs(n - 5.61e9) < 0.01e9  # the count the config's memory estimate uses
+    assert abs(n - params) < 0.01e9  # the count the config's memory estimate uses
 
 
 def test_tokenizer_and_dataset_assets():

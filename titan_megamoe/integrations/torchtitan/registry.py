@@ -1,8 +1,8 @@
 """What `import titan_megamoe.integrations.torchtitan` registers in TorchTitan 0.2.2 (idempotently).
 
 - Qwen3 flavors: `megamoe_tiny` (CPU demo/tests), `megamoe_tiny_fp8` (the same with an expert hidden dim of
-  128, block FP8's multiple) and `30B-A3B-1gpu` (30B-A3B layer shapes, as many
-  layers as fit one H200), added to `torchtitan.models.qwen3.qwen3_args`.
+  128, block FP8's multiple), `30B-A3B-1gpu` (30B-A3B layer shapes, as many layers as fit one H200) and
+  `30B-A3B-80gb` (the same with fewer layers, for an 80 GB H100), added to `torchtitan.models.qwen3.qwen3_args`.
 - The bundled dataset `megamoe_tiny` in `torchtitan.hf_datasets.text_datasets.DATASETS` (a local JSONL
   file inside the package: no download, any cwd).
 - The model converter `mega_moe`, and the `[mega_moe] enable` flag: TorchTitan's converter container is
@@ -53,6 +53,8 @@ def tiny_flavor():
 # One H200 (141 GB) holds 8 of 30B-A3B's layers with AdamW fp32 state at seq_len 16384; see
 # configs/qwen3_30b_a3b_1gpu.toml for the estimate.
 QWEN3_30B_A3B_1GPU_LAYERS = 8
+# An 80 GB GPU (H100) holds 3 of them at seq_len 8192; configs/qwen3_30b_a3b_80gb.toml has the estimate.
+QWEN3_30B_A3B_80GB_LAYERS = 3
 
 
 def tiny_fp8_flavor():
@@ -62,9 +64,10 @@ def tiny_fp8_flavor():
     return args
 
 
-def qwen3_30b_a3b_1gpu_flavor(qwen3_args):
+def qwen3_30b_a3b_layers_flavor(qwen3_args, n_layers: int):
+    """Qwen3-30B-A3B with its first `n_layers` layers: every layer shape as the full model's."""
     args = copy.deepcopy(qwen3_args["30B-A3B"])
-    args.n_layers = QWEN3_30B_A3B_1GPU_LAYERS
+    args.n_layers = n_layers
     return args
 
 
@@ -76,7 +79,9 @@ def register_flavors() -> None:
     if "megamoe_tiny_fp8" not in qwen3_args:
         qwen3_args["megamoe_tiny_fp8"] = tiny_fp8_flavor()
     if "30B-A3B-1gpu" not in qwen3_args:
-        qwen3_args["30B-A3B-1gpu"] = qwen3_30b_a3b_1gpu_flavor(qwen3_args)
+        qwen3_args["30B-A3B-1gpu"] = qwen3_30b_a3b_layers_flavor(qwen3_args, QWEN3_30B_A3B_1GPU_LAYERS)
+    if "30B-A3B-80gb" not in qwen3_args:
+        qwen3_args["30B-A3B-80gb"] = qwen3_30b_a3b_layers_flavor(qwen3_args, QWEN3_30B_A3B_80GB_LAYERS)
 
 
 def _load_jsonl_texts(path: str):
