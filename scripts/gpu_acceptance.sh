@@ -10,7 +10,8 @@
 # recipe FLOAT8_ARGS (default: float8 Linear, tensorwise, the fastest stock float8 variant on 2026-12-03), and
 # `float8_variants`, stock's four float8 variants against each other (H200 too), and `fp8_bwd_loss`, 200 steps
 # of mega_moe bf16 against mega_moe fp8_bwd on that config (H200: which of fp8's forward and backward moves
-# the 200-step loss offset, docs/kernels.md). Each
+# the 200-step loss offset, docs/kernels.md), and `fp8_loss_80gb`, the same offset on an 80 GB H100's config
+# (mega_moe bf16 against fp8, stock bf16 against float8, 200 steps each, seed LOSS_SEED). Each
 # stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
 # the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
 # one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
@@ -22,7 +23,7 @@ out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
-known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants fp8_bwd_loss"  # the default ones, then the others
+known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants fp8_bwd_loss fp8_loss_80gb"  # the default ones, then the others
 stages=${STAGES:-$all_stages}
 for name in $stages; do
   case " $known_stages " in
@@ -125,3 +126,18 @@ stage float8_variants "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f flo
 stage fp8_bwd_loss 590 python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps 200 --warmup 8 \
   --no-deterministic --arms mega_moe,mega_moe --mega-args "--compile.enable" \
   --repeat-args "--mega_moe.precision fp8_bwd" --out "$out/fp8_bwd_loss"
+# the same loss question on an 80 GB H100 (qwen3_30b_a3b_80gb.toml: 3 layers, seq_len 8192): 200 steps of mega_moe
+# bf16 against mega_moe fp8, then of stock bf16 against stock's float8 recipe (the rule's tolerance), seed
+# LOSS_SEED (default 42; a second seed tells an FP8 offset from a chaotic divergence).
+# `scripts/fp8_training_compare.py OUT/fp8_loss_80gb_*` compares them
+fp8_loss_80gb() {
+  local seed=${LOSS_SEED:-42}
+  local float8="--model.converters quantize.linear.float8,quantize.grouped_mm.float8 --quantize.linear.float8.recipe_name rowwise --quantize.grouped_mm.float8.fqns experts"
+  python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_80gb.toml --steps 200 --warmup 8 --no-deterministic \
+    --seed "$seed" --arms mega_moe,mega_moe --mega-args "--compile.enable" \
+    --repeat-args "--mega_moe.precision fp8" --out "$out/fp8_loss_80gb_mega_seed$seed" || echo "rc=$?"
+  python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_80gb.toml --steps 200 --warmup 8 --no-deterministic \
+    --seed "$seed" --arms stock,stock --stock-args "--compile.enable" \
+    --repeat-args "$float8" --out "$out/fp8_loss_80gb_stock_seed$seed" || echo "rc=$?"
+}
+stage fp8_loss_80gb "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f fp8_loss_80gb); fp8_loss_80gb"
