@@ -18,6 +18,10 @@ path and precision, dense layers' float8 Linear recipe, torch.compile), and writ
   on, both arms' loss and gradient norm around that step, and each arm's share of steps whose gradient
   norm was clipped (above `training.max_norm`) in the first quarter of the run and after it.
 
+Runs of several `--seed`s (`ab.json`'s seed) are compared within each seed, and a table gives each seed's
+signed second-half offsets: an FP8 bias moves mega_moe fp8's the same way in every seed, a chaotic
+divergence of one pair of runs either way. The sections before that table show the first seed.
+
     python scripts/fp8_training_compare.py AB_DIR_OR_JSON[:ARM[,ARM]] [...] --out docs/results/fp8_training_<stamp>
 
 `:ARM` takes only those arms of a file (e.g. to leave out an arm that failed or ran superseded code; the
@@ -86,7 +90,7 @@ def load_arms(paths: list[Path], only: dict[Path, list[str] | None]) -> list[dic
                          "peak_memory_gib": s["peak_memory_gib"], "final_loss": s["final_loss"],
                          "losses": {st["step"]: st["loss"] for st in arm["steps"]},
                          "grad_norms": {st["step"]: st.get("grad_norm") for st in arm["steps"]},
-                         "max_norm": _resolved(arm, "training.max_norm"),
+                         "max_norm": _resolved(arm, "training.max_norm"), "seed": record.get("seed"),
                          "environment": record.get("environment", {})})
     return arms
 
@@ -184,8 +188,33 @@ def speed(arms: list[dict]) -> dict:
     return out
 
 
+def loss_by_seed(arms: list[dict]) -> dict:
+    """The loss rule for each --seed the runs hold (a pair is only compared within one seed)."""
+    seeds = sorted({a["seed"] for a in arms}, key=str)
+    return {str(seed): loss_rule([a for a in arms if a["seed"] == seed]) for seed in seeds}
+
+
+def seeds_markdown(by_seed: dict) -> list[str]:
+    """One row per seed: an FP8 bias moves the signed means the same way in every seed, a chaotic
+    divergence moves them either way."""
+    lines = ["## Seeds (each seed's four arms compared among themselves)", "",
+             "| seed | steps | mega_moe fp8 - bf16, signed, second half | stock float8 - bf16, signed, second half "
+             "| bf16 floor, signed, second half | rule met |", "|---|---|---|---|---|---|"]
+    for seed, lr in by_seed.items():
+        signed = [lr[k]["mean_signed_last_half"] for k in ("mega_moe_fp8_vs_bf16", "stock_float8_vs_bf16", "bf16_floor")]
+        lines.append(f"| {seed} | {lr['steps']} | " + " | ".join(f"{v:+.5f}" for v in signed)
+                     + f" | {'all' if all(lr['met'].values()) else 'not all'} |")
+    mega = [lr["mega_moe_fp8_vs_bf16"]["mean_signed_last_half"] for lr in by_seed.values()]
+    same = all(v < 0 for v in mega) or all(v > 0 for v in mega)
+    lines += ["", f"mega_moe fp8's second-half offset has {'the same sign in every' if same else 'both signs across the'} "
+              f"{len(mega)} seeds.", ""]
+    return lines
+
+
 def markdown(result: dict) -> str:
     sp, lr = result["speed"], result["loss"]
+    seeds = list(result.get("loss_by_seed", {}))
+    first_seed = f"; seed {seeds[0]} of {', '.join(seeds)}" if len(seeds) > 1 else ""
     lines = ["# FP8 training targets (issue 14), from `titan-megamoe ab` runs", "",
              "| arm | A/B file | steps | tok/s (median) | step s | peak GiB | final loss |", "|---|---|---|---|---|---|---|"]
     for a in sorted(result["arms"], key=lambda a: -a["tps_median"]):
@@ -198,7 +227,7 @@ def markdown(result: dict) -> str:
                      f"({s['tps']:,.0f}): **{s['ratio']:.3f}x**, target >= {s['target']}x: "
                      f"{'met' if s['met'] else 'MISSED'}")
     lines += ["- arms of different A/B runs ran one after another in separate processes on the same GPU",
-              "", f"## Loss over {lr['steps']} steps (per-step |difference| of the printed losses)", "",
+              "", f"## Loss over {lr['steps']} steps (per-step |difference| of the printed losses){first_seed}", "",
               "| pair | mean | median | max | mean, second half | signed mean | signed, second half |",
               "|---|---|---|---|---|---|---|"]
     for key, name in (("mega_moe_fp8_vs_bf16", f"{lr['arms']['mega_moe_fp8']} - {lr['arms']['mega_moe_bf16']}"),
@@ -237,6 +266,8 @@ def markdown(result: dict) -> str:
             for r in pt[key]["around"]:
                 gn = " / ".join("-" if g is None else f"{g:.2f}" for g in r["grad_norm"])
                 lines.append(f"| {r['step']} | {r['loss'][0]:.4f} / {r['loss'][1]:.4f} | {gn} |")
+    if len(result.get("loss_by_seed", {})) > 1:
+        lines += ["", *seeds_markdown(result["loss_by_seed"])]
     lines += ["", "## Environment of each A/B file", ""]
     for source, env in {Path(a["source"]).name: a["environment"] for a in result["arms"]}.items():
         lines.append(f"- `{source}`: {env.get('date')}, {env.get('device')}, {json.dumps(env.get('versions'))}, "
@@ -294,8 +325,10 @@ def main(argv=None) -> int:
         copies.append(dest)
         only[dest] = [a for a in arm_list.split(",") if a] or None
     arms = load_arms(copies, only)
+    by_seed = loss_by_seed(arms)
+    # the sections above the seeds table (and the plot) show the first seed's runs
     result = {"inputs": {c.name: only[c] or "all arms" for c in copies}, "arms": arms, "speed": speed(arms),
-              "loss": loss_rule(arms)}
+              "loss": next(iter(by_seed.values())), "loss_by_seed": by_seed}
     (out / "compare.json").write_text(json.dumps(result, indent=1))
     (out / "compare.md").write_text(markdown(result))
     plot(result, out / "compare.png")

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 
 
 def ab(out: Path, *args: str) -> subprocess.Popen:
@@ -24,6 +23,7 @@ def finished(proc: subprocess.Popen, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_compare_names_arms_and_computes_targets(tmp_path):
     # the two A/Bs are independent: run them side by side (the suite's time is CI's limit)
     bf16_run = ab(tmp_path / "bf16")
@@ -68,3 +68,34 @@ def test_compare_names_arms_and_computes_targets(tmp_path):
         shares = pt[key]["clipped_share"]["fp8"]
         assert shares["first_quarter"] is not None and 0 <= shares["first_quarter"] <= 1
     assert (out / "compare.png").stat().st_size > 0 and "Loss over 2 steps" in (out / "compare.md").read_text()
+    assert list(result["loss_by_seed"]) == [str(ab_fp8["seed"])] and "## Seeds" not in (out / "compare.md").read_text()
+
+
+def _arm(experts, seed, losses, stock_float8=False):
+    return {"experts": experts, "dense": "bf16 Linear", "stock_float8": stock_float8, "label": f"{experts} s{seed}",
+            "seed": seed, "steps": len(losses), "tps_median": 1.0, "max_norm": 1.0,
+            "losses": dict(enumerate(losses, 1)), "grad_norms": dict.fromkeys(range(1, len(losses) + 1), 0.5)}
+
+
+def test_loss_rule_compares_arms_within_each_seed():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fp8_training_compare as cmp
+
+    base = [3.0, 2.5, 2.0, 1.8]
+    arms = []
+    for seed, offset in ((1, -0.1), (2, +0.2)):  # fp8 below bf16 in seed 1, above in seed 2
+        arms += [_arm("mega_moe bf16", seed, [v + seed for v in base]),
+                 _arm("mega_moe fp8", seed, [v + seed + offset for v in base]),
+                 _arm("stock bf16", seed, [v + seed for v in base]),
+                 _arm("stock bf16", seed, [v + seed + 0.01 for v in base], stock_float8=True)]
+    by_seed = cmp.loss_by_seed(arms)
+    assert list(by_seed) == ["1", "2"]
+    # each seed's pairs come from its own arms (the +seed shift cancels), not from the longest arm of any seed
+    assert by_seed["1"]["mega_moe_fp8_vs_bf16"]["mean_signed_last_half"] == pytest.approx(-0.1)
+    assert by_seed["2"]["mega_moe_fp8_vs_bf16"]["mean_signed_last_half"] == pytest.approx(0.2)
+    assert by_seed["2"]["stock_float8_vs_bf16"]["mean_signed_last_half"] == pytest.approx(0.01)
+    assert by_seed["1"]["bf16_floor"]["max_abs"] == 0
+    table = "\n".join(cmp.seeds_markdown(by_seed))
+    assert "| 1 | 4 | -0.10000 | +0.01000 | +0.00000 |" in table and "both signs across the 2 seeds" in table
+    same = cmp.seeds_markdown({"1": by_seed["1"], "3": by_seed["1"]})
+    assert "the same sign in every 2 seeds" in "\n".join(same)
