@@ -11,7 +11,10 @@
 # `float8_variants`, stock's four float8 variants against each other (H200 too), and `fp8_bwd_loss`, 200 steps
 # of mega_moe bf16 against mega_moe fp8_bwd on that config (H200: which of fp8's forward and backward moves
 # the 200-step loss offset, docs/kernels.md), and `fp8_loss_80gb`, the same offset on an 80 GB H100's config
-# (mega_moe bf16 against fp8, stock bf16 against float8, 200 steps each, seed LOSS_SEED). Each
+# (mega_moe bf16 against fp8, stock bf16 against float8, 200 steps each, seed LOSS_SEED; ~3 min per A/B on an H100
+# on 2026-12-07), and `mega_dense_float8`, mega_moe fp8 with and without torchao's float8 Linear on the dense
+# layers. FP8_CONFIG=qwen3_30b_a3b_80gb.toml runs ab_fp8_30b_1gpu, float8_variants, mega_dense_float8 and
+# fp8_bwd_loss on an 80 GB H100's config instead of the H200's (3 layers: not the config of issue 14's targets). Each
 # stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
 # the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
 # one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
@@ -22,8 +25,10 @@ set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export FP8_CONFIG=${FP8_CONFIG:-qwen3_30b_a3b_1gpu.toml}  # the FP8 training stages' config (the stage functions see it)
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
-known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants fp8_bwd_loss fp8_loss_80gb"  # the default ones, then the others
+# the default ones, then the others
+known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants mega_dense_float8 fp8_bwd_loss fp8_loss_80gb"
 stages=${STAGES:-$all_stages}
 for name in $stages; do
   case " $known_stages " in
@@ -97,10 +102,10 @@ stage ab_30b_1gpu "${AB30_LIMIT:-290}" python3 -m titan_megamoe.cli ab --config 
   --warmup 5 --no-deterministic --out "$out/ab_30b_1gpu"
 ab_fp8_30b_1gpu() {
   local float8=${FLOAT8_ARGS:---model.converters quantize.linear.float8 --quantize.linear.float8.recipe_name tensorwise}
-  python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
+  python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
     --no-deterministic --out "$out/ab_fp8_vs_bf16" --stock-args "--compile.enable" \
     --mega-args "--compile.enable --mega_moe.precision fp8" || echo "rc=$?"
-  python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
+  python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
     --no-deterministic --out "$out/ab_fp8_vs_float8" --stock-args "--compile.enable $float8" \
     --mega-args "--compile.enable --mega_moe.precision fp8" || echo "rc=$?"
 }
@@ -114,16 +119,23 @@ float8_variants() {
   for name in linear linear_grouped; do
     args="--model.converters quantize.linear.float8"
     [ "$name" = linear_grouped ] && args="--model.converters quantize.linear.float8,quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts"
-    python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
+    python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
       --no-deterministic --arms stock,stock --out "$out/float8_$name" \
       --stock-args "--compile.enable $args --quantize.linear.float8.recipe_name tensorwise" \
       --repeat-args "--quantize.linear.float8.recipe_name rowwise" || echo "rc=$?"
   done
 }
 stage float8_variants "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f float8_variants); float8_variants"
+# torchao's float8 Linear on mega_moe fp8's dense layers (issue 14: use it there only if it helps that arm):
+# mega_moe fp8 against the same with float8 Linear tensorwise (the fastest stock variant on 2026-12-03)
+stage mega_dense_float8 "${AB_FP8_LIMIT:-590}" python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" \
+  --steps "${AB_FP8_STEPS:-30}" --warmup 8 --no-deterministic --arms mega_moe,mega_moe \
+  --mega-args "--compile.enable --mega_moe.precision fp8" \
+  --repeat-args "--model.converters quantize.linear.float8 --quantize.linear.float8.recipe_name tensorwise" \
+  --out "$out/mega_dense_float8"
 # the loss offset's next question: does fp8's forward or its backward move it? (the A/B's report has the per-step
 # loss difference; docs/results/fp8_training_20261204/ has the fp8 runs to set it beside)
-stage fp8_bwd_loss 590 python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_1gpu.toml --steps 200 --warmup 8 \
+stage fp8_bwd_loss 590 python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --steps 200 --warmup 8 \
   --no-deterministic --arms mega_moe,mega_moe --mega-args "--compile.enable" \
   --repeat-args "--mega_moe.precision fp8_bwd" --out "$out/fp8_bwd_loss"
 # the same loss question on an 80 GB H100 (qwen3_30b_a3b_80gb.toml: 3 layers, seq_len 8192): 200 steps of mega_moe
