@@ -26,6 +26,10 @@ out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export FP8_CONFIG=${FP8_CONFIG:-qwen3_30b_a3b_1gpu.toml}  # the FP8 training stages' config (the stage functions see it)
+# stock's float8 converters with its float8 grouped_mm on the experts (float8_variants, fp8_loss_80gb); the float8
+# Linear recipe is each stage's own
+export STOCK_FLOAT8_GROUPED="--model.converters quantize.linear.float8,quantize.grouped_mm.float8"
+STOCK_FLOAT8_GROUPED+=" --quantize.grouped_mm.float8.fqns experts"
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
 # the default ones, then the others
 known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants mega_dense_float8 fp8_bwd_loss fp8_loss_80gb"
@@ -118,7 +122,7 @@ float8_variants() {
   local args name
   for name in linear linear_grouped; do
     args="--model.converters quantize.linear.float8"
-    [ "$name" = linear_grouped ] && args="--model.converters quantize.linear.float8,quantize.grouped_mm.float8 --quantize.grouped_mm.float8.fqns experts"
+    [ "$name" = linear_grouped ] && args=$STOCK_FLOAT8_GROUPED
     python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --steps "${AB_FP8_STEPS:-30}" --warmup 8 \
       --no-deterministic --arms stock,stock --out "$out/float8_$name" \
       --stock-args "--compile.enable $args --quantize.linear.float8.recipe_name tensorwise" \
@@ -144,7 +148,7 @@ stage fp8_bwd_loss 590 python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --
 # `scripts/fp8_training_compare.py OUT/fp8_loss_80gb_*` compares them
 fp8_loss_80gb() {
   local seed=${LOSS_SEED:-42}
-  local float8="--model.converters quantize.linear.float8,quantize.grouped_mm.float8 --quantize.linear.float8.recipe_name rowwise --quantize.grouped_mm.float8.fqns experts"
+  local float8="$STOCK_FLOAT8_GROUPED --quantize.linear.float8.recipe_name rowwise"
   python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_80gb.toml --steps 200 --warmup 8 --no-deterministic \
     --seed "$seed" --arms mega_moe,mega_moe --mega-args "--compile.enable" \
     --repeat-args "--mega_moe.precision fp8" --out "$out/fp8_loss_80gb_mega_seed$seed" || echo "rc=$?"
