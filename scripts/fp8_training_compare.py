@@ -201,13 +201,14 @@ def seeds_markdown(by_seed: dict) -> list[str]:
              "| seed | steps | mega_moe fp8 - bf16, signed, second half | stock float8 - bf16, signed, second half "
              "| bf16 floor, signed, second half | rule met |", "|---|---|---|---|---|---|"]
     for seed, lr in by_seed.items():
-        signed = [lr[k]["mean_signed_last_half"] for k in ("mega_moe_fp8_vs_bf16", "stock_float8_vs_bf16", "bf16_floor")]
+        pairs = ("mega_moe_fp8_vs_bf16", "stock_float8_vs_bf16", "bf16_floor")
+        signed = [lr[k]["mean_signed_last_half"] for k in pairs]
         lines.append(f"| {seed} | {lr['steps']} | " + " | ".join(f"{v:+.5f}" for v in signed)
                      + f" | {'all' if all(lr['met'].values()) else 'not all'} |")
     mega = [lr["mega_moe_fp8_vs_bf16"]["mean_signed_last_half"] for lr in by_seed.values()]
     same = all(v < 0 for v in mega) or all(v > 0 for v in mega)
-    lines += ["", f"mega_moe fp8's second-half offset has {'the same sign in every' if same else 'both signs across the'} "
-              f"{len(mega)} seeds.", ""]
+    signs = "the same sign in every" if same else "both signs across the"
+    lines += ["", f"mega_moe fp8's second-half offset has {signs} {len(mega)} seeds.", ""]
     return lines
 
 
