@@ -86,3 +86,38 @@ def test_bf16_rows_ws_match_the_triton_kernels(monkeypatch, T, D, H, E, K, routi
         assert not got.isnan().any(), f"{name}: rows left unwritten (NaN poison)"
         diff = (got.float() - want.float()).abs() / want.float().abs().clamp_min(1e-2)
         assert diff.max() <= 2**-7, f"{name}: max relative difference {diff.max():.3e} from the Triton kernel"
+
+
+@pytest.mark.parametrize("two_pairs", [False, True])
+def test_bf16_rows_ws_launcher_host_path(monkeypatch, two_pairs):
+    """Everything `bf16_row_gemm_ws` does on the host, on CPU with the launch stubbed (the kernel needs a GPU):
+    descriptors over the right matrices and blocks for both weight layouts, one program per multiprocessor,
+    the K blocks of both pairs, the output returned."""
+    from titan_megamoe.kernels import fp8_rows_ws_gluon as ws
+    from titan_megamoe.kernels.bf16_rows_ws_gluon import _bf16_rows_ws_kernel, bf16_row_gemm_ws
+    from titan_megamoe.kernels.routing_meta import build_routing_plan
+
+    T, K, E, D, H = 40, 2, 4, 256, 384
+    dev = "cuda" if GPU else "cpu"
+    plan = build_routing_plan(make_ids(T, E, K, "skewed", torch.Generator().manual_seed(1)).to(dev), E, 128)
+    a = torch.randn(T * K, H, dtype=torch.bfloat16, device=dev)
+    w_kn = torch.randn(E, H, D, dtype=torch.bfloat16, device=dev)  # [E, KD, ND]: dx's W1
+    w_nk = torch.randn(E, D, H, dtype=torch.bfloat16, device=dev)  # [E, ND, KD]: GEMM2's W2
+    seen = {}
+    monkeypatch.setattr(ws, "launch", lambda kernel, grid, *args, **kw: seen.update(kernel=kernel, grid=grid, args=args,
+                                                                                      kw=kw))
+    monkeypatch.setattr(ws, "multiprocessors", lambda device: 3)
+    for b_trans, w, want_b in ((False, w_kn, ([64, 256], [E * H, D])), (True, w_nk, ([256, 64], [E * D, H]))):
+        pair2 = dict(a2=a, b2=w) if two_pairs else {}
+        out = bf16_row_gemm_ws(a, w, plan, D, b_trans, **pair2)
+        assert out.shape == (T * K, D) and out.dtype == torch.bfloat16 and seen["kernel"] is _bf16_rows_ws_kernel
+        items = plan.layout.num_tiles * 1  # D = 256: one 256-column block
+        assert seen["grid"] == (min(items, 3),) and seen["args"][-1] == items
+        descs = seen["args"][:4]
+        assert [list(d.block_shape) for d in descs] == [[64, 64], want_b[0]] * 2
+        assert list(descs[1].shape) == want_b[1]  # the weight as stored, viewed as a matrix
+        KD, ND, total = seen["args"][-4:-1]
+        assert (KD, ND) == (H, D) and total == (2 if two_pairs else 1) * H // 64
+        assert seen["kw"]["B_TRANS"] is b_trans and seen["kw"]["BLOCK_N"] == 256 and seen["kw"]["maxnreg"] == 168
+    with pytest.raises(AssertionError):  # a weight of the other layout
+        bf16_row_gemm_ws(a, w_nk, plan, D, False)
