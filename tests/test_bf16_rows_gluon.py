@@ -121,3 +121,38 @@ def test_bf16_rows_ws_launcher_host_path(monkeypatch, two_pairs):
         assert seen["kw"]["B_TRANS"] is b_trans and seen["kw"]["BLOCK_N"] == 256 and seen["kw"]["maxnreg"] == 168
     with pytest.raises(AssertionError):  # a weight of the other layout
         bf16_row_gemm_ws(a, w_nk, plan, D, False)
+
+
+@pytest.mark.parametrize("kernel", ["gemm2", "dgrad_swiglu", "dx"])
+def test_bf16_gluon_configs_accepted_and_checked(tmp_path, kernel):
+    """A bf16 table entry may ask for the Gluon row GEMM with its own shapes (K blocks of 64, two consumer
+    warpgroups of 64 rows, 128 or 256 columns); other shapes, and the Gluon GEMM1 or weight gradients in bf16,
+    are errors at load that name the fix."""
+    import json
+
+    from titan_megamoe.kernels.configs import TileConfig, override_tile_config, use_tile_table
+
+    cfg = TileConfig(128, 256, 64, 8, 4, tma=True, split=kernel == "dgrad_swiglu", warp_specialize=True, gluon=True,
+                     group_m=8)
+    with override_tile_config(kernel, cfg):
+        pass
+    path = tmp_path / "table.json"
+    try:
+        path.write_text(json.dumps({"configs": {"bf16": {"2048x768": {kernel: cfg.to_record()}}}}))
+        assert use_tile_table(path)
+        bad = {"block_k 64": TileConfig(128, 256, 128, 8, 4, tma=True, split=kernel == "dgrad_swiglu",
+                                        warp_specialize=True, gluon=True),
+               "warp_specialize=True": TileConfig(128, 256, 64, 8, 4, tma=True, split=kernel == "dgrad_swiglu",
+                                                  gluon=True),
+               "block_m 128 and num_warps 8": TileConfig(64, 256, 64, 4, 4, tma=True, split=kernel == "dgrad_swiglu",
+                                                         warp_specialize=True, gluon=True)}
+        for message, wrong in bad.items():
+            path.write_text(json.dumps({"configs": {"bf16": {"2048x768": {kernel: wrong.to_record()}}}}))
+            with pytest.raises(ValueError, match=f"bf16 gluon kernel needs.*{message}"):
+                use_tile_table(path)
+        gemm1 = TileConfig(128, 128, 64, 8, 4, tma=True, warp_specialize=True, gluon=True).to_record()
+        path.write_text(json.dumps({"configs": {"bf16": {"2048x768": {"gemm1_swiglu": gemm1}}}}))
+        with pytest.raises(ValueError, match="one of gemm2, dgrad_swiglu, dx"):
+            use_tile_table(path)
+    finally:
+        use_tile_table(None)
