@@ -180,24 +180,6 @@ def gluon_rows_ws(block_n: int = 128, stages: int = 4, sorted_out: bool = False,
                        BLOCK_N=block_n, STAGED_SCALES=staged, GROUP_M=group_m)
 
 
-def gluon_bf16_rows_ws(block_n: int = 256, stages: int = 3, b_trans: bool = True, sorted_out: bool = False,
-                       group_m: int = 1):
-    """The persistent warp-specialised Gluon bf16 row GEMM (`bf16_rows_ws_gluon`), as it launches."""
-    from triton.experimental.gluon import language as gl
-
-    from titan_megamoe.kernels import bf16_rows_ws_gluon as bw
-
-    def desc(shape):
-        return f"tensordesc<bf16{list(shape)},{gl.NVMMASharedLayout.get_default_for(list(shape), gl.bfloat16)!r}>"
-
-    bk = bw.BLOCK_K.value
-    a, b = desc([64, bk]), desc([block_n, bk] if b_trans else [bk, block_n])
-    sig = {"a1_desc": a, "b1_desc": b, "a2_desc": a, "b2_desc": b, **PLAN, "out_ptr": "*bf16",
-           **_types("KD ND total num_items", "i32")}
-    return _compile_ws(bw._bf16_rows_ws_kernel, sig, stages, bw.CONSUMER_REGS, SORTED_OUT=sorted_out,
-                       BLOCK_N=block_n, B_TRANS=b_trans, GROUP_M=group_m)
-
-
 def gluon_gemm1_ws(stages: int = 4, block_n: int = 64, group_m: int = 1):
     """The persistent warp-specialised Gluon block-FP8 GEMM1 (`fp8_gemm1_ws_gluon`), as it launches."""
     from titan_megamoe.kernels import fp8_gemm1_ws_gluon as g1

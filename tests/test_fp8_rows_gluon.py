@@ -98,7 +98,7 @@ def test_gluon_config_rejected_for_bf16_table_entries(tmp_path):
     path = tmp_path / "table.json"
     cfg = TileConfig(64, 128, 128, 4, 4, tma=True, gluon=True).to_record()
     path.write_text(json.dumps({"configs": {"bf16": {"2048x768": {"gemm2": cfg}}}}))
-    with pytest.raises(ValueError, match="the bf16 gluon kernel needs"):
+    with pytest.raises(ValueError, match="not to bf16"):
         use_tile_table(path)
     path.write_text(json.dumps({"configs": {"fp8": {"2048x768": {"gemm2": cfg}}}}))
     try:

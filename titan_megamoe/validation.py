@@ -183,7 +183,6 @@ def check_router_args(logits_TE, bias_E, top_k: int, score_func: str, max_expert
 # the block-FP8 GEMMs with Gluon kernels: one item per program (`kernels.fp8_gemm1_gluon`, `fp8_rows_gluon`),
 # persistent and warp-specialised (`kernels.fp8_gemm1_ws_gluon`, `fp8_rows_ws_gluon`, `fp8_wgrad_ws_gluon`)
 GLUON_KERNELS = ("gemm1_swiglu", "gemm2", "dgrad_swiglu", "dx", "wgrad_w2", "wgrad_w13")
-BF16_GLUON_KERNELS = ("gemm2", "dgrad_swiglu", "dx")  # the bf16 row GEMMs (kernels/bf16_rows_ws_gluon.py)
 PERSISTENT_KERNELS = ("gemm2", "dx", "dgrad_swiglu")  # the grouped GEMM's (kernels/grouped_gemm.py)
 
 
@@ -232,59 +231,34 @@ def check_tile_config(kernel: str, cfg, row_block_m: int, precision: str | None 
         raise ValueError(f"{kernel}: weight_tma applies to dgrad_swiglu without tma only (tma there copies dout's "
                          f"rows into sorted order and runs the grouped GEMM, whose operands are all TMA); got {cfg}")
     if cfg.gluon:
-        _check_gluon(kernel, cfg, precision)
-
-
-def _check_gluon(kernel: str, cfg, precision: str | None) -> None:
-    """The Gluon kernels' shapes: block FP8 (`*_gluon`: GEMM1, the row GEMMs, the weight gradients) or bf16
-    (`bf16_rows_ws_gluon`: the row GEMMs). Without a precision (a forced config) either may match."""
-    from .kernels.configs import ROW_KERNELS
-    from .kernels.configs import WGRAD_KERNELS as WGRAD
-
-    bf16_wrong = [why for bad, why in (
-        (kernel not in BF16_GLUON_KERNELS, f"one of {', '.join(BF16_GLUON_KERNELS)}"),
-        (not (cfg.tma and cfg.warp_specialize), "tma=True and warp_specialize=True (the persistent warp-specialised "
-                                                 "kernel, both operands through TMA)"),
-        (cfg.block_k != 64, "block_k 64"),
-        (cfg.block_m != 128 or cfg.num_warps != 8, "block_m 128 and num_warps 8 (two consumer warpgroups of 64 rows)"),
-        (cfg.block_n not in (128, 256), "block_n 128 or 256"),
-        (kernel == "dgrad_swiglu" and not cfg.split, "split=True for dgrad (the kernel is its GEMM alone)"),
-    ) if bad]
-    if precision not in (None, "fp8"):
-        if bf16_wrong:
-            raise ValueError(f"{kernel}: the bf16 gluon kernel needs {'; '.join(bf16_wrong)}; got {cfg}")
-        return
-    if precision is None and not bf16_wrong:
-        return
-    if kernel not in GLUON_KERNELS:
-        raise ValueError(f"{kernel}: gluon applies to block FP8 {', '.join(GLUON_KERNELS)} and bf16 "
-                         f"{', '.join(BF16_GLUON_KERNELS)} only")
-    wrong = [why for bad, why in (
-        (not cfg.tma, "tma=True (both operands come through TMA)"),
-        (cfg.block_k != 128, "block_k 128 (one scale block)"),
-        # the warp-specialised row kernels also take 256 columns as two 128-column sub-tiles
-        (128 % cfg.block_n != 0 and not (cfg.warp_specialize and kernel in ("gemm2", "dgrad_swiglu", "dx")
-                                         and cfg.block_n == 256),
-         "block_n dividing 128 (a weight tile inside one scale block), or 256 for gemm2, dgrad and dx with "
-         "warp_specialize"),
-        (kernel == "gemm1_swiglu" and cfg.block_n != 64 and not (cfg.warp_specialize and cfg.block_n == 128),
-         "block_n 64 for gemm1 (h's 128-column scale block in two 64-column halves), or 128 with "
-         "warp_specialize (one pass)"),
-        (cfg.block_m % (16 * cfg.num_warps) != 0, "block_m a multiple of 16 * num_warps (16 rows per warp)"),
-        # the persistent warp-specialised kernel (`fp8_rows_ws_gluon`): two consumer warpgroups of 64 rows
-        (cfg.warp_specialize and (cfg.block_m != 128 or cfg.num_warps != 8),
-         "block_m 128 and num_warps 8 with warp_specialize (two consumer warpgroups of 64 rows)"),
-        # the weight gradients have the persistent warp-specialised Gluon kernel only (`fp8_wgrad_ws_gluon`)
-        (kernel in WGRAD and not cfg.warp_specialize, "warp_specialize=True for the weight gradients"),
-        (kernel in WGRAD and cfg.block_n != 128, "block_n 128 for the weight gradients"),
-        # the item order: the persistent warp-specialised row kernels walk groups down each column block
-        (cfg.group_m != 1 and not (cfg.warp_specialize and kernel in ROW_KERNELS),
-         "group_m 1 (above 1 only for the warp-specialised row kernels)"),
-        (kernel == "dgrad_swiglu" and not cfg.split, "split=True for dgrad (the kernel is its GEMM alone)"),
-    ) if bad]
-    if wrong:
-        alt = f" (for bf16: {'; '.join(bf16_wrong)})" if precision is None and kernel in BF16_GLUON_KERNELS else ""
-        raise ValueError(f"{kernel}: the gluon kernel needs {'; '.join(wrong)}{alt}; got {cfg}")
+        if kernel not in GLUON_KERNELS or precision not in (None, "fp8"):
+            raise ValueError(f"{kernel}: gluon applies to block FP8 {', '.join(GLUON_KERNELS)} only"
+                             + (f", not to {precision}" if precision not in (None, "fp8") else ""))
+        wrong = [why for bad, why in (
+            (not cfg.tma, "tma=True (both operands come through TMA)"),
+            (cfg.block_k != 128, "block_k 128 (one scale block)"),
+            # the warp-specialised row kernels also take 256 columns as two 128-column sub-tiles
+            (128 % cfg.block_n != 0 and not (cfg.warp_specialize and kernel in ("gemm2", "dgrad_swiglu", "dx")
+                                             and cfg.block_n == 256),
+             "block_n dividing 128 (a weight tile inside one scale block), or 256 for gemm2, dgrad and dx with "
+             "warp_specialize"),
+            (kernel == "gemm1_swiglu" and cfg.block_n != 64 and not (cfg.warp_specialize and cfg.block_n == 128),
+             "block_n 64 for gemm1 (h's 128-column scale block in two 64-column halves), or 128 with "
+             "warp_specialize (one pass)"),
+            (cfg.block_m % (16 * cfg.num_warps) != 0, "block_m a multiple of 16 * num_warps (16 rows per warp)"),
+            # the persistent warp-specialised kernel (`fp8_rows_ws_gluon`): two consumer warpgroups of 64 rows
+            (cfg.warp_specialize and (cfg.block_m != 128 or cfg.num_warps != 8),
+             "block_m 128 and num_warps 8 with warp_specialize (two consumer warpgroups of 64 rows)"),
+            # the weight gradients have the persistent warp-specialised Gluon kernel only (`fp8_wgrad_ws_gluon`)
+            (kernel in WGRAD and not cfg.warp_specialize, "warp_specialize=True for the weight gradients"),
+            (kernel in WGRAD and cfg.block_n != 128, "block_n 128 for the weight gradients"),
+            # the item order: the persistent warp-specialised row kernels walk groups down each column block
+            (cfg.group_m != 1 and not (cfg.warp_specialize and kernel in ROW_KERNELS),
+             "group_m 1 (above 1 only for the warp-specialised row kernels)"),
+            (kernel == "dgrad_swiglu" and not cfg.split, "split=True for dgrad (the kernel is its GEMM alone)"),
+        ) if bad]
+        if wrong:
+            raise ValueError(f"{kernel}: the gluon kernel needs {'; '.join(wrong)}; got {cfg}")
 
 
 EP_TRANSPORTS = ("all_to_all", "symm_mem")

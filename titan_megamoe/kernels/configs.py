@@ -285,9 +285,7 @@ def _table_config(kernel: str, dim: int, hidden: int, precision: str) -> TileCon
     tuned = _tuned_table().get(precision, {}).get(f"{dim}x{hidden}", {}).get(kernel)
     cfg = user or (TileConfig.from_record(tuned) if tuned else default_configs(hidden, precision)[kernel])
     if cfg.gluon and not _gluon_gpu():  # shipped or default entries only: use_tile_table refuses these
-        # bf16's Gluon row GEMMs: the Triton kernel on the same tiles, at most the 3 stages such a tile fits
-        cfg = _GPU_DEFAULTS_FP8_TRITON[kernel] if precision == "fp8" else replace(
-            cfg, gluon=False, warp_specialize=False, num_stages=min(cfg.num_stages, 3))
+        cfg = _GPU_DEFAULTS_FP8_TRITON[kernel]
     if kernel in ROW_KERNELS and precision != "fp8":
         # narrow problems (small D or H) must not ask for tiles wider than the matrix
         n_extent = hidden if kernel in ("gemm1_swiglu", "dgrad_swiglu") else dim

@@ -36,7 +36,6 @@ from .common import INTERPRET, matrix_descriptor, multiprocessors, new_output, t
 from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
-from .bf16_rows_ws_gluon import bf16_row_gemm_ws
 from .fp8_rows_gluon import fp8_row_gemm
 from .fp8_rows_ws_gluon import fp8_row_gemm_ws
 from .mainloop import pair_mainloop, row_mainloop
@@ -198,20 +197,13 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
     # the operands, two pointer-load passes (another summation order: not bitwise the same)
     one_loop = cfg.pairs_in_one_loop and two_pairs and use_tma
     if cfg.gluon:
-        if INTERPRET:
-            raise ValueError(f"tile config {kernel_name}: gluon runs on a GPU only (Triton's interpreter cannot run "
-                             f"Gluon)")
-        if not fp8:
-            if use_tma and peers is None and arrivals is None:
-                return bf16_row_gemm_ws(a1, b1, plan, nd, b_trans, out_dtype, a2=a2, b2=b2, sorted_out=sorted_out,
-                                        block_n=cfg.block_n, stages=cfg.num_stages, out=out, group_m=cfg.group_m)
-            # expert parallelism over symmetric memory and operands TMA cannot cover: the Triton kernel below,
-            # the same tiles one program each, at most the 3 stages such a tile fits (the same sums in the same order)
-            cfg = replace(cfg, gluon=False, warp_specialize=False, num_stages=min(cfg.num_stages, 3))
-        elif ws_gluon:
+        if not fp8 or INTERPRET:
+            raise ValueError(f"tile config {kernel_name}: gluon runs block FP8 on a GPU only (Triton's interpreter "
+                             f"cannot run Gluon); got {'the interpreter' if INTERPRET else precision}")
+        if ws_gluon:
             return fp8_row_gemm_ws(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
                                    block_n=cfg.block_n, stages=cfg.num_stages, out=out, group_m=cfg.group_m)
-        elif use_tma and peers is None and arrivals is None:
+        if use_tma and peers is None and arrivals is None:
             return fp8_row_gemm(a1_q, b1_q, plan, nd, out_dtype, a2=a2_q, b2=b2_q, sorted_out=sorted_out,
                                 block_m=cfg.block_m, block_n=cfg.block_n, num_warps=cfg.num_warps,
                                 stages=cfg.num_stages, out=out)
