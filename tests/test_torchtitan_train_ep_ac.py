@@ -33,9 +33,10 @@ def test_expert_parallel_compile_and_full_ac_match_stock_ep(tmp_path):
     assert_steps_close(mega, stock, rel=1e-4)
 
 
-def test_expert_parallel_op_level_sac_matches_stock_ep(tmp_path):
-    """EP 2 + FSDP with op-level selective AC (the mode whose policy decides per op what the recompute keeps):
-    mega_moe recomputes its EP layer (the all-to-alls included) and trains with stock EP's losses.
+def test_expert_parallel_selective_ac_matches_stock_ep(tmp_path):
+    """EP 2 + FSDP with op-level selective AC (the mode whose policy decides per op what the recompute keeps),
+    then layer-level (every second block): mega_moe recomputes its EP layer (the all-to-alls included) and
+    trains with stock EP's losses.
 
     Stock EP itself stops under op-level SAC on these gloo ranks (TorchTitan 0.2.2, torch 2.13 on CPU, eager
     and compiled: "profiler._record_function_enter_new.default invocation index 3 encountered during backward
@@ -49,4 +50,10 @@ def test_expert_parallel_op_level_sac_matches_stock_ep(tmp_path):
                  "--activation_checkpoint.selective_ac_option", "op", "--mega_moe.enable", nproc=2)
     line = swap_line(mega.log) or ""
     assert "AC selective op" in line and "EP 2 (all_to_all)" in line, mega.log[-3000:]
+    assert_steps_close(mega, stock)
+    # layer-level selective AC (every second block checkpointed), the remaining mode
+    mega = train(tmp_path / "mega_layer", *EP2, *STEPS, "--activation_checkpoint.mode", "selective",
+                 "--activation_checkpoint.selective_ac_option", "2", "--mega_moe.enable", nproc=2)
+    line = swap_line(mega.log) or ""
+    assert "AC selective every 2 layers" in line and "EP 2 (all_to_all)" in line, mega.log[-3000:]
     assert_steps_close(mega, stock)
