@@ -200,8 +200,8 @@ def seeds_markdown(by_seed: dict) -> list[str]:
     lines = ["## Seeds (each seed's four arms compared among themselves)", "",
              "| seed | steps | mega_moe fp8 - bf16, signed, second half | stock float8 - bf16, signed, second half "
              "| bf16 floor, signed, second half | rule met |", "|---|---|---|---|---|---|"]
+    pairs = ("mega_moe_fp8_vs_bf16", "stock_float8_vs_bf16", "bf16_floor")
     for seed, lr in by_seed.items():
-        pairs = ("mega_moe_fp8_vs_bf16", "stock_float8_vs_bf16", "bf16_floor")
         signed = [lr[k]["mean_signed_last_half"] for k in pairs]
         lines.append(f"| {seed} | {lr['steps']} | " + " | ".join(f"{v:+.5f}" for v in signed)
                      + f" | {'all' if all(lr['met'].values()) else 'not all'} |")

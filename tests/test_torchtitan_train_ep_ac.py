@@ -16,6 +16,16 @@ pytestmark = pytest.mark.slow
 STEPS = ("--training.steps", "4")
 
 
+def selective_ac(option: str) -> tuple[str, ...]:
+    return "--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", option
+
+
+def assert_swapped(mega, ac_note: str) -> None:
+    """The swap line names the AC mode and EP 2 over the all-to-all."""
+    line = swap_line(mega.log) or ""
+    assert ac_note in line and "EP 2 (all_to_all)" in line, mega.log[-3000:]
+
+
 def test_expert_parallel_compile_and_full_ac_match_stock_ep(tmp_path):
     """EP 2 + FSDP, `--compile.enable`, full AC, both arms: losses and grad norms step by step.
 
@@ -27,8 +37,7 @@ def test_expert_parallel_compile_and_full_ac_match_stock_ep(tmp_path):
     stock = train(tmp_path / "stock", *flags, nproc=2)
     assert sorted(stock.steps) == [1, 2, 3, 4] and "Compiling each TransformerBlock" in stock.log, stock.log[-3000:]
     mega = train(tmp_path / "mega", *flags, "--mega_moe.enable", nproc=2)
-    line = swap_line(mega.log) or ""
-    assert "AC full" in line and "EP 2 (all_to_all)" in line, mega.log[-3000:]
+    assert_swapped(mega, "AC full")
     assert "Compiling each TransformerBlock" in mega.log, mega.log[-3000:]
     assert_steps_close(mega, stock, rel=1e-4)
 
@@ -43,17 +52,12 @@ def test_expert_parallel_selective_ac_matches_stock_ep(tmp_path):
     but not found in storage"), so the stock arm checkpoints every block instead (selective, every layer);
     recompute does not change the math, so its losses are stock EP's without AC. Seen: mega's step 4 6.86679
     against stock EP's 6.86681 without AC."""
-    stock = train(tmp_path / "stock", *EP2, *STEPS, "--activation_checkpoint.mode", "selective",
-                  "--activation_checkpoint.selective_ac_option", "1", nproc=2)
+    stock = train(tmp_path / "stock", *EP2, *STEPS, *selective_ac("1"), nproc=2)
     assert sorted(stock.steps) == [1, 2, 3, 4], stock.log[-3000:]
-    mega = train(tmp_path / "mega", *EP2, *STEPS, "--activation_checkpoint.mode", "selective",
-                 "--activation_checkpoint.selective_ac_option", "op", "--mega_moe.enable", nproc=2)
-    line = swap_line(mega.log) or ""
-    assert "AC selective op" in line and "EP 2 (all_to_all)" in line, mega.log[-3000:]
+    mega = train(tmp_path / "mega", *EP2, *STEPS, *selective_ac("op"), "--mega_moe.enable", nproc=2)
+    assert_swapped(mega, "AC selective op")
     assert_steps_close(mega, stock)
     # layer-level selective AC (every second block checkpointed), the remaining mode
-    mega = train(tmp_path / "mega_layer", *EP2, *STEPS, "--activation_checkpoint.mode", "selective",
-                 "--activation_checkpoint.selective_ac_option", "2", "--mega_moe.enable", nproc=2)
-    line = swap_line(mega.log) or ""
-    assert "AC selective every 2 layers" in line and "EP 2 (all_to_all)" in line, mega.log[-3000:]
+    mega = train(tmp_path / "mega_layer", *EP2, *STEPS, *selective_ac("2"), "--mega_moe.enable", nproc=2)
+    assert_swapped(mega, "AC selective every 2 layers")
     assert_steps_close(mega, stock)
