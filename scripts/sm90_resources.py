@@ -4,11 +4,13 @@ count in the SASS (QGMMA: FP8, HGMMA: bf16), with Triton's bundled ptxas and cuo
     env -u TRITON_INTERPRET python scripts/sm90_resources.py            # every row of docs/kernels.md
     env -u TRITON_INTERPRET python scripts/sm90_resources.py "dgrad q 64 rows 4 warps"
 
-`compile_sm90` is also what the weight-gradient tests use (tests/test_kernel_wgrad.py, test_wgrad_fp8.py)
-to check the shipped configs. Run it without TRITON_INTERPRET: under the interpreter triton's own
-library functions are interpreted too and nothing compiles. The local Triton may differ from the GPU
-machine's, so this is a guide to register pressure, not the binary that runs there. To compile with the
-GPU machine's Triton (3.6) on a host that has another, put that wheel on the path first:
+`compile_sm90` is also what the weight-gradient tests use (tests/test_kernel_wgrad.py, test_wgrad_fp8.py) to
+check the shipped configs; `shipped_fp8_rows` and `shipped_bf16_rows` compile the row GEMMs with the table's
+configs for a (D, H) (tests/test_fp8_kernels.py, tests/test_bf16_sm90_compile.py). Run it without
+TRITON_INTERPRET: under the interpreter triton's own library functions are interpreted too and nothing
+compiles. The local Triton may differ from the GPU machine's, so this is a guide to register pressure, not the
+binary that runs there. To compile with the GPU machine's Triton (3.6) on a host that has another, put that
+wheel on the path first:
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
     env -u TRITON_INTERPRET PYTHONPATH=/tmp/t36 python scripts/sm90_resources.py
@@ -101,17 +103,39 @@ def _row_kernel(fn, signature, constexprs, num_warps=8, num_stages=3):
 
 
 def gemm1(block_n: int, w_tma: bool = True, a_tma: bool = True, block_m: int = 128, num_warps: int = 8,
-          num_stages: int = 3, group_m: int = 1):
+          num_stages: int = 3, group_m: int = 1, bf16: bool = False, block_k: int = 128):
+    """GEMM1 + SwiGLU, block FP8 unless `bf16` (then x gathered by pointer unless `a_tma`, no scales)."""
     from titan_megamoe.kernels.gemm1_swiglu import _gemm1_swiglu_kernel
 
-    w = _fp8_desc(block_n) if w_tma else "*fp8e4nv"
-    sig = {"x_ptr": _fp8_desc(block_m) if a_tma else "*fp8e4nv", "w1_ptr": w, "w3_ptr": w, **PLAN,
-           **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv", **_types("xs_ptr w1s_ptr w3s_ptr hs_ptr", "*fp32"),
-           **_types("arrived_ptr expected_ptr", "*i32"),
-           **_types("D H rows_per_token stride_xt stride_we stride_wh", "i32")}
+    if bf16:
+        w = f"tensordesc<bf16[{block_n}, {block_k}]>" if w_tma else "*bf16"
+        sig = {"x_ptr": f"tensordesc<bf16[{block_m}, {block_k}]>" if a_tma else "*bf16", "w1_ptr": w, "w3_ptr": w,
+               **PLAN, **_types("g_ptr u_ptr h_ptr", "*bf16")}
+    else:
+        w = _fp8_desc(block_n) if w_tma else "*fp8e4nv"
+        sig = {"x_ptr": _fp8_desc(block_m) if a_tma else "*fp8e4nv", "w1_ptr": w, "w3_ptr": w, **PLAN,
+               **_types("g_ptr u_ptr", "*bf16"), "h_ptr": "*fp8e4nv",
+               **_types("xs_ptr w1s_ptr w3s_ptr hs_ptr", "*fp32"), **_types("arrived_ptr expected_ptr", "*i32")}
+    sig.update(_types("D H rows_per_token stride_xt stride_we stride_wh", "i32"))
     return _row_kernel(_gemm1_swiglu_kernel, sig, dict(BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=group_m,
-                                                       BLOCK_N=block_n, BLOCK_K=128, A_TMA=a_tma, W_TMA=w_tma,
-                                                       FP8=True, WAIT=False), num_warps, num_stages)
+                                                       BLOCK_N=block_n, BLOCK_K=block_k, A_TMA=a_tma, W_TMA=w_tma,
+                                                       FP8=not bf16, WAIT=False), num_warps, num_stages)
+
+
+def dgrad_bf16(block_n: int, block_k: int, w_tma: bool, store_q: bool, block_m: int = 128, num_warps: int = 8,
+               num_stages: int = 4, group_m: int = 1):
+    """bf16 dgrad's fused kernel (dout gathered by pointer, two accumulators): q stored for the rows kernel
+    (`store_q`, the split mode) or the dSwiGLU in its epilogue; W2 by pointer or through two TMA descriptors."""
+    from titan_megamoe.kernels.dgrad_swiglu import _dgrad_swiglu_kernel
+
+    w = f"tensordesc<bf16[{block_k}, {block_n}]>" if w_tma else "*bf16"
+    sig = {"dout_ptr": "*bf16", "w2_ptr": w, **_types("g_ptr u_ptr", "*bf16"), "scores_ptr": "*fp32", **PLAN,
+           **_types("dg_ptr du_ptr hs_ptr", "*bf16"), "ds_part_ptr": "*fp32",
+           **_types("D H rows_per_token stride_dt stride_we stride_wk stride_wn", "i32"),
+           **({"w2_next_ptr": w} if w_tma else {})}
+    return _row_kernel(_dgrad_swiglu_kernel, sig, dict(BLOCK_M=block_m, SUB_TILES=128 // block_m, GROUP_M=group_m,
+                                                       BLOCK_N=block_n, BLOCK_K=block_k, STORE_Q=store_q, WAIT=False,
+                                                       W_TMA=w_tma), num_warps, num_stages)
 
 
 def grouped_gemm(block_n: int, two_pairs: bool, block_m: int = 128, num_warps: int = 8, sorted_out: bool = False,
@@ -354,6 +378,33 @@ def shipped_fp8_rows(dim: int, hidden: int) -> dict:
     kw, c = cfg("dgrad_swiglu")
     out["dgrad q"] = dict(gluon_rows_ws(c.block_n, c.num_stages, sorted_out=True, group_m=c.group_m) if c.gluon
                           else grouped_gemm(c.block_n, False, sorted_out=True, **kw), block_n=c.block_n)
+    return out
+
+
+def shipped_bf16_rows(dim: int, hidden: int) -> dict:
+    """The bf16 GEMMs of GEMM1, GEMM2, dx and dgrad with the tile configs the table ships for (dim, hidden), as
+    the launchers call them on a whole-tensor launch (the weight gradients: tests/test_kernel_wgrad.py)."""
+    from titan_megamoe.kernels.configs import tile_config
+
+    def cfg(kernel):
+        c = tile_config(kernel, dim, hidden, "bf16")
+        assert not c.gluon, f"{kernel}: a bf16 Gluon entry, which these signatures do not cover"
+        return c, dict(block_m=c.block_m, num_warps=c.num_warps, num_stages=c.num_stages, group_m=c.group_m)
+
+    out = {}
+    c, kw = cfg("gemm1_swiglu")  # x gathered by pointer (the sorted-rows read is FP8's), W1/W3 as the table says
+    out["gemm1"] = gemm1(c.block_n, w_tma=c.tma, a_tma=False, bf16=True, block_k=c.block_k, **kw)
+    for name, two_pairs in (("gemm2", False), ("dx", True)):
+        c, kw = cfg(name)
+        assert c.tma, f"{name}: the shipped bf16 config reads through TMA, which these signatures assume"
+        out[name] = grouped_gemm(c.block_n, two_pairs, bf16=True, block_k=c.block_k, persistent=c.persistent > 0,
+                                 one_loop=c.pairs_in_one_loop, **kw)
+    c, kw = cfg("dgrad_swiglu")
+    if c.split and c.tma:  # dout copied into sorted order, then q by the grouped GEMM with sorted stores
+        out["dgrad"] = grouped_gemm(c.block_n, False, sorted_out=True, bf16=True, block_k=c.block_k,
+                                    persistent=c.persistent > 0, **kw)
+    else:
+        out["dgrad"] = dgrad_bf16(c.block_n, c.block_k, c.weight_tma and hidden > c.block_n, c.split, **kw)
     return out
 
 
