@@ -254,26 +254,35 @@ _SM90_FP8_ROWS = r"""
 import json, sys
 sys.path.insert(0, "scripts")
 from sm90_resources import shipped_fp8_rows
-print(json.dumps({name: {k: r[k] for k in ("qgmma", "usage", "block_n")}
-                  for name, r in shipped_fp8_rows(2048, 768).items()}))
+print(json.dumps({f"{d}x{h}": {name: {k: r[k] for k in ("qgmma", "usage", "block_n")}
+                                for name, r in shipped_fp8_rows(d, h).items()}
+                  for d, h in ((2048, 768), (4096, 1536))}))
 """
 
 
-def test_shipped_fp8_row_kernels_compile_to_fp8_wgmma_without_spills():
-    """GEMM1, GEMM2, dx and dgrad's q with the FP8 tile configs the table ships for Qwen3-30B-A3B, compiled
-    for sm_90 on the CPU (Triton's bundled ptxas; the GPU machine's Triton may allocate differently): each
-    GEMM an FP8 wgmma (QGMMA in the SASS) and nothing spilled to the stack (the warp-specialised row GEMMs'
-    256-column items: at most a few 32-bit values outside the K loop; GEMM1's one 64-bit value per item under
-    Triton 3.6, `moe_cases.GEMM1_ONE_PASS_STACK`). Also keeps
-    scripts/sm90_resources.py's signatures in step with the kernels'."""
+@pytest.fixture(scope="module")
+def shipped_fp8_compiles():
+    from moe_cases import sm90_compile_results
+
+    return sm90_compile_results(_SM90_FP8_ROWS, timeout=300)
+
+
+@pytest.mark.parametrize("shape", ["2048x768", "4096x1536"])
+def test_shipped_fp8_row_kernels_compile_to_fp8_wgmma_without_spills(shipped_fp8_compiles, shape):
+    """GEMM1, GEMM2, dx and dgrad's q with the FP8 tile configs the table ships for Qwen3-30B-A3B and
+    Qwen3-235B-A22B (D x H), compiled for sm_90 on the CPU (Triton's bundled ptxas; the GPU machine's Triton
+    may allocate differently): each GEMM an FP8 wgmma (QGMMA in the SASS) and nothing spilled to the stack (the
+    warp-specialised row GEMMs' 256-column items: at most a few 32-bit values outside the K loop, 16 bytes
+    under Triton 3.9; GEMM1's one 64-bit value per item under Triton 3.6, `moe_cases.GEMM1_ONE_PASS_STACK`).
+    Also keeps scripts/sm90_resources.py's signatures in step with the kernels'."""
     import re
 
-    from moe_cases import GEMM1_ONE_PASS_STACK, sm90_compile_results
+    from moe_cases import GEMM1_ONE_PASS_STACK
 
-    got = sm90_compile_results(_SM90_FP8_ROWS, timeout=300)
+    got = shipped_fp8_compiles[shape]
     assert set(got) == {"gemm1", "gemm2", "dx", "dgrad q"}
     for name, r in got.items():
-        assert r["qgmma"] > 0, f"{name}: no QGMMA (FP8 wgmma) in the SASS"
+        assert r["qgmma"] > 0, f"{shape} {name}: no QGMMA (FP8 wgmma) in the SASS"
         stack = re.search(r"STACK:(\d+)", r["usage"])
         allowed = 32 if r["block_n"] == 256 else GEMM1_ONE_PASS_STACK if name == "gemm1" else 0
-        assert stack is not None and int(stack.group(1)) <= allowed, f"{name}: register spills: {r['usage']}"
+        assert stack is not None and int(stack.group(1)) <= allowed, f"{shape} {name}: register spills: {r['usage']}"
