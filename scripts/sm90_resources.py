@@ -353,6 +353,11 @@ def dswiglu_fp8(num_warps: int):
     return compile_sm90(_dswiglu_fp8_kernel, sig, dict(BLOCK=128, INTERPRET=False), aligned, num_warps, 1)
 
 
+def _launch_shape(c) -> dict:
+    """A tile config's rows, warps, stages and row grouping as the compile helpers above take them."""
+    return dict(block_m=c.block_m, num_warps=c.num_warps, num_stages=c.num_stages, group_m=c.group_m)
+
+
 def shipped_fp8_rows(dim: int, hidden: int) -> dict:
     """The FP8 row kernels with the tile configs the table ships for (dim, hidden), as they launch (TMA)."""
     from titan_megamoe.kernels.configs import tile_config
@@ -360,8 +365,7 @@ def shipped_fp8_rows(dim: int, hidden: int) -> dict:
     def cfg(kernel):
         c = tile_config(kernel, dim, hidden, "fp8")
         assert c.tma, f"{kernel}: the shipped FP8 config reads through TMA, which these signatures assume"
-        return dict(block_m=c.block_m, num_warps=c.num_warps, num_stages=c.num_stages, group_m=c.group_m,
-                    **({"persistent": c.persistent > 0} if kernel != "gemm1_swiglu" else {})), c
+        return dict(_launch_shape(c), **({"persistent": c.persistent > 0} if kernel != "gemm1_swiglu" else {})), c
 
     out = {}
     # where the table picks the persistent warp-specialised Gluon kernels (gluon + warp_specialize), those
@@ -389,7 +393,7 @@ def shipped_bf16_rows(dim: int, hidden: int) -> dict:
     def cfg(kernel):
         c = tile_config(kernel, dim, hidden, "bf16")
         assert not c.gluon, f"{kernel}: a bf16 Gluon entry, which these signatures do not cover"
-        return c, dict(block_m=c.block_m, num_warps=c.num_warps, num_stages=c.num_stages, group_m=c.group_m)
+        return c, _launch_shape(c)
 
     out = {}
     c, kw = cfg("gemm1_swiglu")  # x gathered by pointer (the sorted-rows read is FP8's), W1/W3 as the table says
