@@ -3,10 +3,15 @@
 
 A synchronised layer call cannot start its first long kernel before the host has issued everything in
 front of it, so host time before GEMM1 shows up as GPU idle time (scripts/profile_layer.py finds it).
-This script measures that host time directly: at a small token count the kernels are short, the GPU
-keeps up with the host, and wall time per call is the host's cost. Stages are timed alone, then the
-whole layer, forward and forward+backward, in each --precision (the fused layer's; "stock" rows are
-bf16). Prints microseconds per call (median of --repeats blocks of --calls calls) and writes JSON.
+This script measures that host time directly: wall time per call over a block of calls is the host's
+cost where the GPU keeps up with the host. Where it does not, the launch queue fills, the host waits for
+the GPU, and the wall time is the GPU's: so each stage's GPU time is measured too (`gpu_us`: calls queued
+behind a sleep kernel, then run back to back), and the larger of the two is what the wall time shows.
+At 30B-A3B T=512 the weights alone (read forward and backward, gradients written: ~3.6 GB) take ~1.1 ms
+at an H100's bandwidth, so the forward+backward rows there need the GPU column to be read.
+Stages are timed alone, then the whole layer, forward and forward+backward, in each --precision (the
+fused layer's; "stock" rows are bf16). Prints microseconds per call (median of --repeats blocks of
+--calls calls; GPU: of --gpu-calls) and writes JSON.
 
 Why forward+backward and FP8: at 30B-A3B T=512 the layer is host-bound (an H100, 2026-12-06: bf16 0.98x
 stock back-to-back, fp8 0.64x our bf16), and the backward's host time had not been measured.
@@ -41,6 +46,36 @@ def host_us(fn, calls, repeats):
         blocks.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(blocks)
+
+
+def gpu_us(fn, calls, repeats):
+    """GPU time per call with no host gaps between kernels, or None where it cannot be told apart from the host's.
+
+    The calls are queued behind a sleep kernel, so once it ends the GPU runs them back to back; timed with CUDA
+    events. If the GPU had already reached the start event when the host finished queuing (a call that waits
+    for the GPU, or a sleep too short), the sleep is made longer and the block rerun; a call that still gets
+    there (it synchronises with the device) gives None. Few calls per block: a queue of more launches than the
+    driver holds would make the host wait for the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    times, cycles = [], 50_000_000  # ~25-30 ms at Hopper clocks
+    for _ in range(repeats):
+        for _attempt in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(cycles)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            late = start.query()  # True: the GPU was idle or waiting before everything was queued
+            torch.cuda.synchronize()
+            if not late:
+                times.append(start.elapsed_time(end) * 1e3 / calls)
+                break
+            cycles *= 4
+        else:
+            return None
+    return statistics.median(times)
 
 
 def stages(stock, fused, x):
@@ -120,6 +155,10 @@ def layer_stages(fused, x, precisions):
     return rows
 
 
+def _us(value):
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _no_grad(fn, *args):
     with torch.no_grad():
         return fn(*args)
@@ -130,6 +169,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--shape", nargs=4, type=int, metavar=("D", "H", "E", "K"), default=[2048, 768, 128, 8])
     ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--gpu-calls", type=int, default=5,
+                    help="calls per block of the GPU-time measurement (queued behind a sleep kernel)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--precision", default="bf16",
                     help="comma-separated precisions of the fused layer's rows (e.g. bf16,fp8); default bf16")
@@ -143,18 +184,20 @@ def main():
     precisions = parse_precisions(a.precision, ap)
     stock, fused, x = build_layers(a.tokens, D, H, E, K, "softmax")
     timed = {**stages(stock, fused, x), **layer_stages(fused, x, precisions)}
-    rows = {}
+    rows, gpu_rows = {}, {}
     for name, fn in timed.items():
         rows[name] = host_us(fn, a.calls, a.repeats)
-        print(f"  {name}: {rows[name]:.1f} us/call", flush=True)  # progress: the FP8 rows compile first
+        gpu_rows[name] = gpu_us(fn, a.gpu_calls, a.repeats) if x.is_cuda else None
+        print(f"  {name}: {rows[name]:.1f} us/call, GPU {_us(gpu_rows[name])}", flush=True)  # progress: FP8 compiles
     env = environment()
     path = result_path(a.out, "host_overhead")
     with open(path, "w") as f:
         json.dump({"environment": env, "tokens": a.tokens, "shape": a.shape, "precisions": precisions,
-                   "host_us_per_call": rows}, f, indent=1)
+                   "host_us_per_call": rows, "gpu_us_per_call": gpu_rows}, f, indent=1)
     print(f"wrote {path}\n{env['gpu']}  torch {env['torch']}  commit {env['commit']}  T={a.tokens} D,H,E,K={a.shape}")
+    print(f"{'':<44}{'wall':>9}{'GPU':>9}  us per call; wall = max(host, GPU) once the launch queue fills")
     for name, us in rows.items():
-        print(f"{name:<40}{us:>9.1f} us/call")
+        print(f"{name:<44}{us:>9.1f}{_us(gpu_rows[name]):>9}")
     if a.cprofile:
         import cProfile
         import pstats

@@ -312,7 +312,38 @@ def test_host_overhead_script_runs_every_stage(bench, monkeypatch, tmp_path, cap
     assert len(rows) == 12 + 2 * 3 and all(v > 0 for v in rows.values())
     assert {"fused MoE layer forward+backward [fp8]", "titan_megamoe.moe forward+backward [fp8]",
             "stock MoE layer forward+backward"} <= set(rows)
+    assert json.loads(path.read_text())["gpu_us_per_call"] == dict.fromkeys(rows)  # no GPU time on CPU tensors
     assert "fused MoE layer forward [bf16]" in capsys.readouterr().out
+
+
+def test_host_overhead_gpu_time_needs_the_whole_block_queued(monkeypatch):
+    """host_overhead.gpu_us: a block counts only if the host queued every call before the GPU reached the start
+    event (else the sleep grows and the block reruns); a call that keeps reaching it (it synchronises) gives None."""
+    spec = importlib.util.spec_from_file_location("host_overhead_gpu", os.path.join(SCRIPTS, "host_overhead.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sleeps, late = [], []
+
+    class Event:
+        def __init__(self, enable_timing):
+            pass
+
+        def record(self):
+            pass
+
+        def query(self):
+            return late.pop(0)
+
+        def elapsed_time(self, end):
+            return 0.5  # ms for the block
+
+    for name, value in (("Event", Event), ("_sleep", sleeps.append), ("synchronize", lambda: None)):
+        monkeypatch.setattr(torch.cuda, name, value, raising=False)
+    late[:] = [True, False, False]  # the first block's sleep was too short, then two blocks count
+    assert mod.gpu_us(lambda: None, calls=5, repeats=2) == pytest.approx(100.0)
+    assert sleeps == [50_000_000, 200_000_000, 200_000_000]
+    late[:] = [True, True, True]
+    assert mod.gpu_us(lambda: None, calls=5, repeats=2) is None
 
 
 def test_ncu_layer_reads_ncu_raw_rows(monkeypatch):
