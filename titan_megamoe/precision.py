@@ -51,8 +51,7 @@ class Recipe:
     forward_operand: torch.dtype  # operand dtype of GEMM1 / GEMM2
     backward_operand: torch.dtype  # operand dtype of dgrad, dx and the weight gradients
     activation: torch.dtype  # dtype of what the kernels write: g, u, h (saved for the backward), y and dx rows
-    activation_block: tuple[int, int] | None = None  # scale blocks of quantized activations
-    weight_block: tuple[int, int] | None = None  # scale blocks of quantized weights
+    weight_block: tuple[int, int] | None = None  # scale blocks of quantized weights (the shape rule's divisor)
 
     def quantized(self, backward: bool = False) -> bool:
         """True when the forward (or backward) GEMM operands are block-scaled 1-byte floats."""
@@ -76,9 +75,8 @@ _E4M3 = torch.float8_e4m3fn
 
 RECIPES = {
     Precision.BF16: Recipe(Precision.BF16, torch.bfloat16, torch.bfloat16, torch.bfloat16),
-    Precision.FP8: Recipe(Precision.FP8, _E4M3, _E4M3, torch.bfloat16, FP8_ACTIVATION_BLOCK, FP8_WEIGHT_BLOCK),
-    Precision.FP8_BWD: Recipe(Precision.FP8_BWD, torch.bfloat16, _E4M3, torch.bfloat16, FP8_ACTIVATION_BLOCK,
-                              FP8_WEIGHT_BLOCK),
+    Precision.FP8: Recipe(Precision.FP8, _E4M3, _E4M3, torch.bfloat16, FP8_WEIGHT_BLOCK),
+    Precision.FP8_BWD: Recipe(Precision.FP8_BWD, torch.bfloat16, _E4M3, torch.bfloat16, FP8_WEIGHT_BLOCK),
 }
 
 # what the Triton kernels implement (mxfp8 has no recipe: recipe_for stops it first)
