@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -108,6 +109,13 @@ def assert_flash_rule(got: dict, ref64: dict, torch_bf16: dict, factor: float = 
 # and loaded back before h's stores (one STL.64 and one LDL.64 in the SASS at 28c30fb, both outside the K
 # loop: once per item, not per K block). Triton 3.9 spills nothing there.
 GEMM1_ONE_PASS_STACK = 8
+
+
+def stack_bytes(usage: str) -> int:
+    """Bytes of stack a thread uses (register spills) in the usage line of an sm_90 compile (`sm90_resources`)."""
+    found = re.search(r"STACK:(\d+)", usage)
+    assert found is not None, f"no STACK in the compile's usage line: {usage}"
+    return int(found.group(1))
 
 
 def sm90_compile_results(script: str, timeout: int = 600) -> dict:

@@ -9,7 +9,7 @@ GPU its outputs are compared with the Triton kernel's on the same quantized oper
 import pytest
 import torch
 
-from moe_cases import GEMM1_ONE_PASS_STACK, make_ids, sm90_compile_results
+from moe_cases import GEMM1_ONE_PASS_STACK, make_ids, sm90_compile_results, stack_bytes
 
 from titan_megamoe.kernels import configs
 from titan_megamoe.kernels.configs import TileConfig, override_tile_config
@@ -34,19 +34,16 @@ def test_gluon_rows_compile_with_one_wgmma_group_in_flight():
     """Compiled for sm_90 on the CPU: FP8 wgmma, no spill, and inside the K loop a wait that leaves one
     group outstanding (`wgmma.wait_group 1`: block k's MMA runs while block k-1's product is scaled), the
     last block waited for fully. The Triton kernels wait for 0 after every MMA."""
-    import re
-
     got = sm90_compile_results(_SM90_GLUON, timeout=300)
     for name, r in got.items():
         assert r["qgmma"] > 0, f"{name}: no QGMMA in the SASS"
-        stack = re.search(r"STACK:(\d+)", r["usage"])
         # 256 columns: a few 32-bit values kept on the stack at the kernel's entry (168 registers a thread until
         # the partitions take theirs) and around each item's start and store, none in the K loop: 8 bytes in
         # Triton 3.6's compile, 24 in 3.9's. 128 columns with the row scales staged (`STAGED_SCALES`): one
         # shared-memory offset computed at the entry, reloaded at each item (8 bytes). A bound: more is a
         # regression
         allowed = 32 if "256" in name else 8 if "warp-specialised" in name else 0
-        assert stack is not None and int(stack.group(1)) <= allowed, f"{name}: register spills: {r['usage']}"
+        assert stack_bytes(r["usage"]) <= allowed, f"{name}: register spills: {r['usage']}"
         # the warp-specialised loop waits for each MMA (its two consumer warpgroups, one wait each in the
         # PTX, cover each other); with 256 columns each consumer waits for two MMAs and, between them, once
         # with nothing in flight (the first promotion ordered before the second MMA)
@@ -259,15 +256,13 @@ def test_gluon_gemm1_compiles_with_two_wgmma_groups_in_flight():
     halves; in one pass (128 columns) for the gate's MMA, once with nothing in flight (its promotion ordered
     before the up MMA) and for the up's. No spill in them, but for the one-pass kernel's 8 bytes
     (`moe_cases.GEMM1_ONE_PASS_STACK`)."""
-    import re
-
     for name, r in sm90_compile_results(_SM90_GLUON_GEMM1, timeout=300).items():
         assert r["qgmma"] > 0, f"{name}: no QGMMA in the SASS"
         want = (["0"] * 6 if "one pass" in name else ["0"] * 4) if "warp-specialised" in name else ["2", "0", "2", "0"]
         assert r["wgmma_waits"] == want, f"{name}: wgmma waits {r['wgmma_waits']}"
         if "warp-specialised" in name:
             allowed = GEMM1_ONE_PASS_STACK if "one pass" in name else 0
-            assert int(re.search(r"STACK:(\d+)", r["usage"]).group(1)) <= allowed, f"{name}: spills: {r['usage']}"
+            assert stack_bytes(r["usage"]) <= allowed, f"{name}: spills: {r['usage']}"
 
 
 def test_gluon_gemm1_config_stops_in_the_interpreter():

@@ -452,15 +452,12 @@ print(json.dumps({k: {f: r[f] for f in ("usage", "e4m3_casts", "global_stores")}
 def test_gluon_quantizers_compile_to_one_cast_per_element():
     """Compiled for sm_90 on the CPU: no spill, each element cast to e4m3 once per copy (two per cvt
     instruction), and the transposed copy (W^T, token tiles) stored 16 bytes at a time along its rows."""
-    import re
-
-    from moe_cases import sm90_compile_results
+    from moe_cases import sm90_compile_results, stack_bytes
 
     for name, r in sm90_compile_results(_SM90_GLUON_WEIGHT, timeout=300).items():
         per_thread = 128 * 128 // (32 * int(name.split()[-1]))
         copies = 2 if "weight" in name else 1  # a weight's W^T is cast from the moved input tile
-        stack = re.search(r"STACK:(\d+)", r["usage"])
-        assert stack is not None and int(stack.group(1)) == 0, f"{name}: register spills: {r['usage']}"
+        assert stack_bytes(r["usage"]) == 0, f"{name}: register spills: {r['usage']}"
         assert r["e4m3_casts"] == copies * per_thread // 2, f"{name}: {r['e4m3_casts']} casts, {per_thread} elements"
         assert r["global_stores"].get(".v4.b32") == per_thread // 16, f"{name}: stores {r['global_stores']}"
 
