@@ -8,7 +8,8 @@ of the gate weight, for softmax and sigmoid scoring, with and without expert bia
 import pytest
 import torch
 
-from titan_megamoe.oracle import router_reference
+from titan_megamoe.kernels.router_topk import router_topk, router_topk_backward
+from titan_megamoe.oracle import router_logits_grad_reference, router_reference
 from titan_megamoe.router import topk_route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -78,6 +79,27 @@ def test_fused_router_matches_torchtitan_router(score_func, route_norm, route_sc
         grads.append(stock.gate.weight.grad.clone())
     # both fp32, summed over T tokens in different orders: agree to fp32 rounding of the largest entry
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-5 * grads[0].abs().max().item())
+
+
+@pytest.mark.parametrize("score_func", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("route_norm,route_scale", [(True, 1.0), (False, 2.5), (True, 0.7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,E,K", [(1, 8, 1), (45, 60, 4), (33, 128, 8), (17, 256, 16), (9, 5, 5)])
+def test_router_backward_kernel_matches_its_torch_oracle(score_func, route_norm, route_scale, dtype, T, E, K):
+    """The one-launch backward against the same math in torch ops, on the forward's own ids and raw p,
+    with a poisoned output (an element the kernel does not write stays NaN), fp32 and bf16 logits."""
+    torch.manual_seed(T + E + K)
+    logits = (torch.randn(T, E, device=DEVICE) * 2).to(dtype)
+    _, ids, raw = router_topk(logits, None, K, score_func, route_norm, route_scale)
+    d_scores = torch.randn(T, K, device=DEVICE)
+    got = router_topk_backward(d_scores, logits, ids, raw, score_func, route_norm, route_scale)
+    want = router_logits_grad_reference(d_scores, logits, ids, raw, score_func, route_norm, route_scale)
+    assert got.dtype == dtype and got.shape == (T, E)
+    assert torch.isfinite(got).all()
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+    else:  # the same fp32 math rounded once to bf16: at most one bf16 ulp apart (2^-7 relative)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6 * want.abs().max().item())
 
 
 def test_reference_is_stock_math():

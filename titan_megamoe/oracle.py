@@ -126,6 +126,32 @@ def router_probabilities(logits_TE: torch.Tensor, score_func: str) -> torch.Tens
     return F.softmax(z, dim=1) if score_func == "softmax" else torch.sigmoid(z)
 
 
+def expert_schedule_reference(offsets_E1: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kernels.routing_meta.expert_schedule` in torch ops: (experts most rows first, stable; each expert's
+    first M-tile of block_m rows), int32 [E] each."""
+    rows = offsets_E1[1:] - offsets_E1[:-1]
+    by_load = torch.argsort(rows, descending=True, stable=True).to(torch.int32)
+    tiles = torch.div(rows + block_m - 1, block_m, rounding_mode="floor")
+    return by_load, (torch.cumsum(tiles, 0) - tiles).to(torch.int32)
+
+
+def router_logits_grad_reference(d_scores_TK, logits_TE, ids_TK, raw_TK, score_func="softmax", route_norm=True,
+                                 route_scale=1.0):
+    """The fused router's backward in torch ops (`router` module docstring): d logits [T, E] in the logits'
+    dtype from d scores [T, K]; raw_TK is p at the chosen ids (before route_norm and route_scale)."""
+    d = d_scores_TK.to(torch.float32) * route_scale
+    if route_norm:
+        S = raw_TK.sum(dim=1, keepdim=True) + 1e-20
+        d = d / S - (d * raw_TK).sum(dim=1, keepdim=True) / (S * S)
+    p = router_probabilities(logits_TE, score_func)
+    dp = torch.zeros_like(p).scatter_add_(1, ids_TK, d)
+    if score_func == "softmax":
+        dz = p * (dp - (d * raw_TK).sum(dim=1, keepdim=True))
+    else:
+        dz = dp * p * (1.0 - p)
+    return dz.to(logits_TE.dtype)
+
+
 def router_reference(logits_TE, bias_E, top_k, score_func="softmax", route_norm=True, route_scale=1.0):
     """TorchTitan 0.2.2's router after the gate (node-limited routing excluded): (scores, ids)."""
     p = router_probabilities(logits_TE, score_func)

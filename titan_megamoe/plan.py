@@ -88,20 +88,24 @@ class RoutingPlan:
         return self.layout.rows_per_token
 
     @functools.cached_property
+    def _expert_schedule(self) -> tuple[torch.Tensor, torch.Tensor]:
+        from .kernels.routing_meta import expert_schedule
+
+        return expert_schedule(self.offsets_E1, self.layout.block_m)
+
+    @property
     def experts_by_load(self) -> torch.Tensor:
         """int32 [E]: local experts, most rows first (stable), on the device: the weight-gradient kernels
-        start their programs on the heaviest experts. Computed once per plan object (both weight
-        gradients of a backward share it)."""
-        return torch.argsort(self.offsets_E1[1:] - self.offsets_E1[:-1], descending=True, stable=True).to(torch.int32)
+        start their programs on the heaviest experts. Made once per plan object, with `expert_first_tile`
+        (both weight gradients of a backward share them; `kernels.routing_meta.expert_schedule`)."""
+        return self._expert_schedule[0]
 
-    @functools.cached_property
+    @property
     def expert_first_tile(self) -> torch.Tensor:
         """int32 [E]: each local expert's first M-tile (the tiles of the experts before it; tiles are
         `layout.block_m` rows of one expert, experts in order), on the device: where the token-tile operands
-        of the weight gradients start for that expert. Computed once per plan object."""
-        tiles = torch.div(self.offsets_E1[1:] - self.offsets_E1[:-1] + self.layout.block_m - 1, self.layout.block_m,
-                          rounding_mode="floor")
-        return (torch.cumsum(tiles, 0) - tiles).to(torch.int32)
+        of the weight gradients start for that expert."""
+        return self._expert_schedule[1]
 
     def sorted_source_rows(self, rows_RD: torch.Tensor) -> torch.Tensor:
         """The source rows of this plan's rows in expert-sorted order, [N, D]: sorted position p holds

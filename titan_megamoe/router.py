@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from .oracle import router_probabilities
-
 
 class _TopKRouting(torch.autograd.Function):
     @staticmethod
@@ -29,19 +27,11 @@ class _TopKRouting(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_scores_TK, _d_ids):
+        from .kernels.router_topk import router_topk_backward
+
         logits_TE, ids, raw = ctx.saved_tensors
-        score_func, route_norm, route_scale = ctx.cfg
-        d = d_scores_TK.to(torch.float32) * route_scale
-        if route_norm:
-            S = raw.sum(dim=1, keepdim=True) + 1e-20
-            d = d / S - (d * raw).sum(dim=1, keepdim=True) / (S * S)
-        p = router_probabilities(logits_TE, score_func)
-        dp = torch.zeros_like(p).scatter_add_(1, ids, d)
-        if score_func == "softmax":
-            dz = p * (dp - (d * raw).sum(dim=1, keepdim=True))
-        else:
-            dz = dp * p * (1.0 - p)
-        return dz.to(logits_TE.dtype), None, None, None, None, None
+        dz = router_topk_backward(d_scores_TK, logits_TE, ids, raw, *ctx.cfg)
+        return dz, None, None, None, None, None
 
 
 def topk_route(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, top_k: int, score_func: str = "softmax",

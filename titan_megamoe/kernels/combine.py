@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INTERPRET, cast_rne, new_output
+from .common import INTERPRET, cast_rne, cdiv, new_output, next_power_of_2
 from .launch import launch
 
 
@@ -38,8 +38,8 @@ def combine(y_ND: torch.Tensor, scores_TK: torch.Tensor | None, top_k: int, out_
     out = new_output((T, D), out_dtype, y_ND.device)
     if T == 0:
         return out
-    block_d = min(1024, triton.next_power_of_2(D))
+    block_d = min(1024, next_power_of_2(D))
     scores = scores_TK if scores_TK is not None else y_ND
-    launch(_combine_kernel, (T, triton.cdiv(D, block_d)), y_ND, scores, out, D, TOP_K=top_k,
+    launch(_combine_kernel, (T, cdiv(D, block_d)), y_ND, scores, out, D, TOP_K=top_k,
            HAS_SCORES=scores_TK is not None, BLOCK_D=block_d, INTERPRET=INTERPRET, num_warps=4)
     return out

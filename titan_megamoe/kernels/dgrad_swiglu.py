@@ -46,7 +46,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, new_output, tma_ok
+from .common import INTERPRET, cdiv, new_output, tma_ok
 from .launch import launch
 from .configs import FP8_BLOCK as _FP8_BLOCK
 from .configs import programs_per_plan_tile, tile_config
@@ -281,10 +281,10 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
     N, H = g_NH.shape
     E, D, _ = w2_EDH.shape
     cfg = tile_config("dgrad_swiglu", D, H, precision)
-    num_n = triton.cdiv(H, 2 * cfg.block_n)
+    num_n = cdiv(H, 2 * cfg.block_n)
     # the interpreter's small tiles keep CPU tests fast
     rows_block_n = cfg.block_n if INTERPRET else _ROWS_BLOCK_N
-    num_n_ds = triton.cdiv(H, rows_block_n) if cfg.split else num_n
+    num_n_ds = cdiv(H, rows_block_n) if cfg.split else num_n
     ds_part = new_output((N, num_n_ds), torch.float32, g_NH.device)
     gathered_first = cfg.split and cfg.tma and tma_ok(dout_RD, w2_EDH)
     if gathered_first:
@@ -320,7 +320,7 @@ def dgrad_swiglu(dout_RD, w2_EDH, g_NH, u_NH, scores_N, plan: RoutingPlan, preci
         # q sits in dg's buffer; every element of dg is read as q before the same program overwrites it
         block_m = min(_ROWS_BLOCK_M, plan.layout.block_m)
         launch(
-            _dswiglu_rows_kernel, (triton.cdiv(N, block_m) * num_n_ds,),
+            _dswiglu_rows_kernel, (cdiv(N, block_m) * num_n_ds,),
             dg, g_NH, u_NH, scores_N, plan.order_N, dg, du, hs, ds_part, N, H,
             BLOCK_M=block_m, BLOCK_N=rows_block_n, INTERPRET=INTERPRET, num_warps=8,
         )
@@ -369,12 +369,12 @@ def _dswiglu_fp8(q_NH, g_NH, u_NH, scores_N, plan: RoutingPlan):
             )
     elif N * num_n > 0:  # N > 0: at least one real tile
         launch(
-            _dswiglu_fp8_rows_kernel, (triton.cdiv(N, _FP8_ROWS_BLOCK_M) * num_n,),
+            _dswiglu_fp8_rows_kernel, (cdiv(N, _FP8_ROWS_BLOCK_M) * num_n,),
             q_NH, g_NH, u_NH, scores_N, plan.order_N, *row_args, ds_part, N, H,
             BLOCK_M=_FP8_ROWS_BLOCK_M, BLOCK=_FP8_BLOCK, INTERPRET=INTERPRET, num_warps=_FP8_ROWS_WARPS,
         )
         launch(
-            _dswiglu_fp8_tiles_kernel, (num_tiles * triton.cdiv(num_n, _FP8_TILES_COL_BLOCKS),),
+            _dswiglu_fp8_tiles_kernel, (num_tiles * cdiv(num_n, _FP8_TILES_COL_BLOCKS),),
             q_NH, g_NH, u_NH, scores_N, *plan_args, *tile_args, H, P,
             BLOCK=_FP8_BLOCK, COL_BLOCKS=_FP8_TILES_COL_BLOCKS, BLOCK_N=_FP8_TILES_BLOCK_N, INTERPRET=INTERPRET,
             num_warps=_FP8_TILES_WARPS,

@@ -24,7 +24,6 @@ order through the plan's `order` (GEMM2, dx).
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -34,7 +33,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import new_output
+from .common import cdiv, new_output
 from .launch import launch
 
 # Gluon is experimental and renames things between releases (3.6 is the H200's Triton, CI's torch brings
@@ -248,7 +247,7 @@ def fp8_row_gemm(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int, o
     if out is None:
         out = new_output((N, nd), out_dtype, a1.data.device)
     sub_tiles = plan.layout.block_m // block_m
-    grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, block_n),)
+    grid = (plan.layout.num_tiles * sub_tiles * cdiv(nd, block_n),)
     if grid[0] == 0:
         return out
     launch(

@@ -30,7 +30,6 @@ the tensor cores idled meanwhile.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -39,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import multiprocessors, new_output
+from .common import cdiv, multiprocessors, new_output
 from .fp8_rows_gluon import (SCALE_BLOCK, _block_scale, _cp_async, _tma_load, k_blocks, pair_args, plan_row_tile,
                               row_dest, store_rows)
 from .launch import launch
@@ -278,7 +277,7 @@ def fp8_row_gemm_ws(a1: BlockScaled, b1: BlockScaled, plan: RoutingPlan, nd: int
         and plan.layout.block_m == 2 * HALF_M.value, (block_n, nd, plan.layout.block_m)
     if out is None:
         out = new_output((N, nd), out_dtype, a1.data.device)
-    items = plan.layout.num_tiles * triton.cdiv(nd, block_n)
+    items = plan.layout.num_tiles * cdiv(nd, block_n)
     if items == 0:
         return out
     staged = STAGED_SCALES if staged_scales is None else staged_scales

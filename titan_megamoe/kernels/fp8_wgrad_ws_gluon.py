@@ -25,7 +25,6 @@ step, and a quarter of the consumers' time went to waiting for them.
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -35,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from .fp8_rows_gluon import SCALE_BLOCK, _cp_async, _cta_barrier, _descriptor, _tma_load, _tma_store
-from .common import tma_ok
+from .common import cdiv, tma_ok
 from .fp8_rows_ws_gluon import (CONSUMER_REGS, HALF_M, STAGING_PRODUCER_REGS, launch_ws, ring, ring_done,
                                 scale_stages, stage_rows)
 
@@ -239,7 +238,7 @@ def fp8_wgrad_ws(a: BlockScaled, a2: BlockScaled | None, b: BlockScaled, plan: R
     assert plan.layout.block_m == SCALE_BLOCK and a.scale.stride(1) == b.scale.stride(1) == 1
     dual = a2 is not None
     assert not dual or a2.scale.stride() == a.scale.stride(), "A and A2 share their scales' layout"
-    tiles_m, tiles_n = triton.cdiv(M, 2 * HALF_M.value), triton.cdiv(N, 128)
+    tiles_m, tiles_n = cdiv(M, 2 * HALF_M.value), cdiv(N, 128)
     items = E * tiles_m * tiles_n
     a_desc = _descriptor(a.data, HALF_M.value)
     a2_desc = _descriptor(a2.data, HALF_M.value) if dual else a_desc

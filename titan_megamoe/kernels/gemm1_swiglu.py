@@ -31,7 +31,7 @@ import torch
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, cast_rne, matrix_descriptor, new_output, tma_ok
+from .common import INTERPRET, cast_rne, cdiv, matrix_descriptor, new_output, tma_ok
 from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import store_row_halves_fp8, store_sorted, swiglu
@@ -158,7 +158,7 @@ def gemm1_swiglu(x_RD, w1_EHD, w3_EHD, plan: RoutingPlan, out_dtype, precision: 
         # expert parallelism's rows landing over symmetric memory (arrival waits) run the Triton kernel below:
         # the same block-FP8 math, the promotion not overlapped
     sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
-    grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(H, cfg.block_n * (2 if fp8 else 1)),)
+    grid = (plan.layout.num_tiles * sub_tiles * cdiv(H, cfg.block_n * (2 if fp8 else 1)),)
     if grid[0] == 0:
         return g, u, h_out
     w1_t, w3_t = w1, w3

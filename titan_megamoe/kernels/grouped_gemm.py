@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
-from .common import INTERPRET, matrix_descriptor, multiprocessors, new_output, tma_ok
+from .common import INTERPRET, cdiv, matrix_descriptor, multiprocessors, new_output, tma_ok
 from .launch import launch
 from .configs import programs_per_plan_tile, tile_config
 from .epilogue import scatter_routed, store_sorted
@@ -184,7 +184,7 @@ def _launch(kernel_name, a1, b1, a2, b2, b_strides, b_trans, nd, plan: RoutingPl
         # the same sums over 128-column tiles: bitwise the same output
         cfg = replace(cfg, block_n=128)
     sub_tiles = programs_per_plan_tile(cfg, plan.layout.block_m)
-    grid = (plan.layout.num_tiles * sub_tiles * triton.cdiv(nd, cfg.block_n),)
+    grid = (plan.layout.num_tiles * sub_tiles * cdiv(nd, cfg.block_n),)
     if grid[0] == 0:
         return out
     persistent = cfg.persistent > 0 and peers is None and arrivals is None  # (TileConfig.persistent: why not EP)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import cast_rne, row_copy_blocks
+from .common import cast_rne, cdiv, next_power_of_2, row_copy_blocks
 from .launch import launch
 
 
@@ -112,7 +112,7 @@ def _wait_kernel(flags_ptr, epoch, world):
 
 def column_blocks(C: int) -> int:
     """How many programs share one row of C elements in `scatter_rows` (each counts the row once)."""
-    return triton.cdiv(C, row_copy_blocks(C)[1])
+    return cdiv(C, row_copy_blocks(C)[1])
 
 
 def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor, row_addresses: torch.Tensor,
@@ -136,7 +136,7 @@ def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tens
     block_r, block_c = row_copy_blocks(C)
     counter_addresses, dst_expert = counts if counts is not None else (row_addresses, dst_rank)
     launch(
-        _scatter_rows_kernel, (triton.cdiv(n, block_r), triton.cdiv(C, block_c)),
+        _scatter_rows_kernel, (cdiv(n, block_r), cdiv(C, block_c)),
         rows, index if index is not None else dst_rank, dst_rank, dst_row, row_addresses, dst_expert,
         counter_addresses, num_valid if num_valid is not None else dst_rank, n, C, rows.stride(0),
         HAS_INDEX=index is not None, COUNT=counts is not None, VALID_ON_DEVICE=num_valid is not None,
@@ -147,7 +147,7 @@ def scatter_rows(rows: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tens
 def signal_peers(flag_addresses: torch.Tensor, me: int, epoch: int) -> None:
     """Set flag `me` to `epoch` in every rank's flag array (flag_addresses: int64 [world], on the device)."""
     world = flag_addresses.numel()
-    launch(_signal_kernel, (1,), flag_addresses, me, epoch, world, BLOCK=triton.next_power_of_2(world))
+    launch(_signal_kernel, (1,), flag_addresses, me, epoch, world, BLOCK=next_power_of_2(world))
 
 
 def wait_for_peers(flags: torch.Tensor, epoch: int) -> None:

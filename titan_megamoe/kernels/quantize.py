@@ -30,7 +30,7 @@ from .. import quant
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from ..validation import check_multiple_of
-from .common import INTERPRET, e4m3_scale, new_output, to_e4m3
+from .common import INTERPRET, cdiv, e4m3_scale, new_output, to_e4m3
 from .launch import launch
 
 BLOCK = quant.ACTIVATION_BLOCK[1]  # 128: the side of every scale block here (activations, weights, token blocks)
@@ -101,7 +101,7 @@ def quantize_rows(x_RC: torch.Tensor) -> BlockScaled:
     if R == 0 or C == 0:
         return BlockScaled(data, scale, quant.ACTIVATION_BLOCK)
     launch(
-        _quantize_rows_kernel, (triton.cdiv(R, _ROWS_PER_PROGRAM), C // BLOCK),
+        _quantize_rows_kernel, (cdiv(R, _ROWS_PER_PROGRAM), C // BLOCK),
         x_RC, data, scale, R, C, x_RC.stride(0), x_RC.stride(1),
         BLOCK_R=_ROWS_PER_PROGRAM, BLOCK_C=BLOCK, INTERPRET=INTERPRET, num_warps=4,
     )
@@ -327,7 +327,7 @@ def _token_tiles(src_RC, plan: RoutingPlan, K: int, sorted_rows: bool) -> BlockS
 
         quantize_gluon.token_tiles(src_RC, plan, K, not sorted_rows, data, scale, *gluon)
     elif num_tiles and C:
-        col_blocks = triton.cdiv(C, _TOKEN_TILE_COLS)
+        col_blocks = cdiv(C, _TOKEN_TILE_COLS)
         per_program = 2 if col_blocks % 2 == 0 else 1
         launch(
             _quantize_token_tiles_kernel, (num_tiles, col_blocks // per_program),
@@ -383,7 +383,7 @@ def _gather_rows(q: BlockScaled, plan: RoutingPlan, K: int) -> BlockScaled:
     if N and C:
         block_c = next(b for b in (_GATHER_COLS, 512, 256, BLOCK) if C % b == 0)
         launch(
-            _gather_rows_kernel, (triton.cdiv(N, _GATHER_ROWS), C // block_c),
+            _gather_rows_kernel, (cdiv(N, _GATHER_ROWS), C // block_c),
             q.data, q.scale, plan.order_N, data, scale, N, C, K, BLOCK_R=_GATHER_ROWS, BLOCK_C=block_c,
             SCALE_BLOCK=BLOCK, num_warps=_GATHER_WARPS,
         )

@@ -23,11 +23,10 @@ round-to-nearest-even cast does the rounding (fewer instructions). The GPU bench
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .common import e4m3_scale, to_e4m3
+from .common import cdiv, e4m3_scale, to_e4m3
 from .launch import launch
 
 BLOCK = 128  # the weight scale block, both dimensions (host code)
@@ -150,6 +149,6 @@ def token_tiles(src_RC: torch.Tensor, plan, K: int, gather: bool, data, scale, n
     src_RC's rows in the plan's order (gathered through plan.order_N // K, or src_RC's own rows when not
     `gather`)."""
     C = src_RC.shape[1]
-    launch(_token_tiles_kernel, (plan.layout.num_tiles, triton.cdiv(C, BLOCK)), src_RC, plan.order_N,
+    launch(_token_tiles_kernel, (plan.layout.num_tiles, cdiv(C, BLOCK)), src_RC, plan.order_N,
            plan.tile_expert, plan.tile_row, plan.offsets_E1, data, scale, C, plan.layout.num_tiles, K,
            src_RC.stride(0), src_RC.stride(1), GATHER=gather, EXACT_CAST=exact_cast, num_warps=num_warps)

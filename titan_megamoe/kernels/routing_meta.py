@@ -14,6 +14,9 @@ at T=512, against 15-20 us for a Triton launch (docs/kernels.md, host overhead).
       Programs C..C+P-1 (P = cdiv(n_tiles, BLOCK_T), at least 1): the tile schedule, each its own
       BLOCK_T tiles (the expert of tile t: how many experts' tile ranges end at or before t); program C
       also writes the offsets and a flag that is 1 when every id was a local expert.
+The weight-gradient kernels' per-expert tables (`RoutingPlan.experts_by_load`, `.expert_first_tile`) come
+from the offsets in one more launch in the backward (`expert_schedule`; ~10 torch ops before, an argsort
+among them: ~125 us of host time per backward on the H100 at 30B-A3B T=512).
 Everything lands in one int32 buffer in `PlanLayout`'s order (the op's routing residual), so the backward
 reuses it as views. Sizes follow from (N, E, BLOCK_M) on the host: no host sync, graph-capturable.
 `titan_megamoe.oracle.routing_plan` is this kernel's oracle in the tests.
@@ -26,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..plan import PlanLayout, RoutingPlan, RowSource
-from .common import INTERPRET
+from .common import INTERPRET, cdiv, next_power_of_2
 from .launch import launch
 
 
@@ -133,8 +136,8 @@ def _chunk_rows(n: int) -> int:
     rows (one `tl.sort` in registers). The interpreter sorts element by element in Python, so there
     chunks of 16-128 rows keep the CPU tests fast (a plan of 6 rows: 0.03 s against 0.2 s)."""
     if INTERPRET:
-        return min(128, max(16, triton.next_power_of_2(n)))
-    return min(4096, max(256, triton.next_power_of_2(triton.cdiv(n, 128))))
+        return min(128, max(16, next_power_of_2(n)))
+    return min(4096, max(256, next_power_of_2(cdiv(n, 128))))
 
 
 def build_routing_plan(expert_ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int = 0,
@@ -155,8 +158,8 @@ def build_routing_plan(expert_ids: torch.Tensor, num_experts: int, block_m: int,
     layout = PlanLayout(n, num_experts, block_m, rows_per_token, source, first_expert)
     n_tiles = layout.segment_sizes[3]
     ch = _chunk_rows(n)
-    n_chunks = triton.cdiv(n, ch)
-    block_e = triton.next_power_of_2(num_experts + 2)
+    n_chunks = cdiv(n, ch)
+    block_e = next_power_of_2(num_experts + 2)
     packed = torch.empty(layout.packed_size, dtype=torch.int32, device=ids_N.device)
     scratch = torch.empty(2 * n_chunks * block_e, dtype=torch.int32, device=ids_N.device)  # histograms, bases
     hist, base = scratch[: n_chunks * block_e], scratch[n_chunks * block_e:]
@@ -166,8 +169,40 @@ def build_routing_plan(expert_ids: torch.Tensor, num_experts: int, block_m: int,
         launch(_chunk_histogram_kernel, (n_chunks,), ids_N, valid, hist, n, first_expert, num_experts, CH=ch,
                BLOCK_E=block_e, VALID_ON_DEVICE=num_valid is not None, num_warps=warps)
     # at least one schedule program, even with no tiles: the first also writes offsets and ids_ok
-    n_tile_progs = max(1, triton.cdiv(n_tiles, _BLOCK_T))
+    n_tile_progs = max(1, cdiv(n_tiles, _BLOCK_T))
     launch(_place_rows_kernel, (n_chunks + n_tile_progs,), ids_N, valid, hist, base, packed, n, first_expert,
            num_experts, n_chunks, n_tiles, BLOCK_M=block_m, CH=ch, BLOCK_E=block_e, BLOCK_C=max(1, 8192 // block_e),
            BLOCK_T=_BLOCK_T, VALID_ON_DEVICE=num_valid is not None, num_warps=warps)
     return RoutingPlan.from_packed(packed, layout)
+
+
+@triton.jit
+def _expert_schedule_kernel(offsets_ptr, by_load_ptr, first_tile_ptr, E, BLOCK_M: tl.constexpr,
+                            BLOCK_E: tl.constexpr, BLOCK_J: tl.constexpr):
+    e = tl.arange(0, BLOCK_E)
+    ok = e < E
+    rows = tl.load(offsets_ptr + e + 1, mask=ok, other=0) - tl.load(offsets_ptr + e, mask=ok, other=0)
+    tiles = (rows + BLOCK_M - 1) // BLOCK_M
+    tl.store(first_tile_ptr + e, tl.cumsum(tiles, 0) - tiles, mask=ok)
+    # each expert's place when sorted by rows, most first, ties in expert order (a stable descending sort):
+    # the experts with more rows, plus those before it with as many
+    rank = tl.zeros((BLOCK_E,), dtype=tl.int32)
+    for j0 in range(0, E, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        j_ok = j < E
+        rows_j = tl.load(offsets_ptr + j + 1, mask=j_ok, other=0) - tl.load(offsets_ptr + j, mask=j_ok, other=0)
+        ahead = (rows_j[None, :] > rows[:, None]) | ((rows_j[None, :] == rows[:, None]) & (j[None, :] < e[:, None]))
+        rank += tl.sum((ahead & j_ok[None, :]).to(tl.int32), axis=1)
+    tl.store(by_load_ptr + rank, e, mask=ok)
+
+
+def expert_schedule(offsets_E1: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(local experts most rows first (stable), each expert's first M-tile of `block_m` rows), int32 [E]
+    each, from a plan's offsets, in one launch (`oracle.expert_schedule_reference` in torch ops)."""
+    E = offsets_E1.numel() - 1
+    out = torch.empty(2 * E, dtype=torch.int32, device=offsets_E1.device)
+    if E > 0:
+        block_e = next_power_of_2(E)
+        launch(_expert_schedule_kernel, (1,), offsets_E1, out, out[E:], E, BLOCK_M=block_m, BLOCK_E=block_e,
+               BLOCK_J=max(1, min(block_e, 8192 // block_e)), num_warps=4)
+    return out[:E], out[E:]

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..plan import RoutingPlan
-from .common import new_output, row_copy_blocks
+from .common import cdiv, new_output, row_copy_blocks
 from .launch import launch
 
 
@@ -47,7 +47,7 @@ def sorted_rows(rows_RD: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     num_src = N // K
     block_t, block_d = row_copy_blocks(D)
     launch(
-        _sorted_rows_kernel, (triton.cdiv(num_src, block_t), triton.cdiv(D, block_d)),
+        _sorted_rows_kernel, (cdiv(num_src, block_t), cdiv(D, block_d)),
         rows_RD, plan.inv_N, out, num_src, D, rows_RD.stride(0), K=K, BLOCK_T=block_t, BLOCK_D=block_d,
         num_warps=8,
     )

@@ -31,7 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..plan import RoutingPlan
 from ..precision import BlockScaled
 from ..validation import check_kernel_operand, check_row_alignment, check_wgrad_out_dtype
-from .common import INTERPRET, cast_rne, new_output, tma_ok
+from .common import INTERPRET, cast_rne, cdiv, new_output, next_power_of_2, tma_ok
 from .launch import launch
 from .configs import FP8_BLOCK, tile_config
 from .mainloop import token_tile_mainloop, varlen_mainloop
@@ -135,7 +135,7 @@ def _launch(kernel, a, a2, b, plan: RoutingPlan, M, N, a_gather, outs, dims, pre
             a, a2 = (TensorDescriptor.from_tensor(t, [bk, bm]) if t is not None else None for t in (a, a2))
             stride_a = 0
     c, c2 = outs[0], outs[-1]
-    grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (plan.layout.num_experts * cdiv(M, bm) * cdiv(N, bn),)
     launch(
         _expert_wgrad_kernel, grid,
         a, a2, b, plan.order_N, offsets, plan.experts_by_load, c, c2, M, N, stride_a, stride_b, c.stride(0),
@@ -241,14 +241,14 @@ def _launch_fp8(kernel, a: BlockScaled, a2: "BlockScaled | None", b: BlockScaled
         srcs = [TensorDescriptor.from_tensor(t, [rows, bk]) if t is not None else None
                 for t, rows in zip(srcs, (bm, bm, bn))]
     c, c2 = outs[0], outs[-1]
-    grid = (plan.layout.num_experts * triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (plan.layout.num_experts * cdiv(M, bm) * cdiv(N, bn),)
     launch(
         _expert_wgrad_fp8_kernel, grid,
         *srcs, a.scale, a2.scale if dual else None, b.scale, plan.offsets_E1, plan.experts_by_load, c, c2, M, N,
         a.data.stride(0), b.data.stride(0), a.scale.stride(0), b.scale.stride(0), c.stride(0), c.stride(1),
         DUAL=dual, EVEN_M=M % bm == 0, EVEN_N=N % bn == 0, OUT_BF16=c.dtype == torch.bfloat16, TMA=tma,
         INTERPRET=INTERPRET, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        BLOCK_E=triton.next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_E=next_power_of_2(plan.layout.num_experts), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
