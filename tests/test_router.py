@@ -96,10 +96,13 @@ def test_router_backward_kernel_matches_its_torch_oracle(score_func, route_norm,
     want = router_logits_grad_reference(d_scores, logits, ids, raw, score_func, route_norm, route_scale)
     assert got.dtype == dtype and got.shape == (T, E)
     assert torch.isfinite(got).all()
+    # absolute slack on the gradient's own scale, |d scores| * route_scale: with K=1 and route_norm the
+    # exact gradient is 0 and both sides hold only rounding noise of that scale
+    atol = 1e-6 * route_scale * d_scores.abs().max().item()
     if dtype == torch.float32:
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=atol)
     else:  # the same fp32 math rounded once to bf16: at most one bf16 ulp apart (2^-7 relative)
-        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6 * want.abs().max().item())
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=atol)
 
 
 def test_reference_is_stock_math():
