@@ -30,6 +30,25 @@ MAX_EXPERTS = 256
 
 
 @triton.jit
+def _probabilities(z, e_ok, SOFTMAX: tl.constexpr, INTERPRET: tl.constexpr):
+    """p [BLOCK_T, BLOCK_E] fp32 from logits z: softmax over the real experts (exp of z minus the row's
+    max, as torch's softmax) or sigmoid; p = 0 at padded experts, and padded tokens stay finite."""
+    z = tl.where(e_ok[None, :], z, float("-inf"))
+    if SOFTMAX:
+        z = z - tl.max(z, axis=1)[:, None]
+        if INTERPRET:
+            ez = tl.exp(z)
+        else:
+            ez = libdevice.exp(z)
+        return ez / tl.sum(ez, axis=1)[:, None]
+    else:
+        if INTERPRET:
+            return 1.0 / (1.0 + tl.exp(-z))
+        else:
+            return 1.0 / (1.0 + libdevice.exp(-z))
+
+
+@triton.jit
 def _router_topk_kernel(
     logits_ptr, bias_ptr, scores_ptr, ids_ptr, raw_ptr,  # logits [T, E]; outputs [T, K]
     T, E, stride_lt, route_scale,
@@ -42,19 +61,7 @@ def _router_topk_kernel(
     e_ok = e < E
     z = tl.load(logits_ptr + t.to(tl.int64)[:, None] * stride_lt + e[None, :],
                 mask=t_ok[:, None] & e_ok[None, :], other=0.0).to(tl.float32)
-    z = tl.where(e_ok[None, :], z, float("-inf"))  # padded experts: p = 0; padded tokens stay finite
-    if SOFTMAX:
-        z = z - tl.max(z, axis=1)[:, None]
-        if INTERPRET:
-            ez = tl.exp(z)
-        else:
-            ez = libdevice.exp(z)
-        p = ez / tl.sum(ez, axis=1)[:, None]
-    else:
-        if INTERPRET:
-            p = 1.0 / (1.0 + tl.exp(-z))
-        else:
-            p = 1.0 / (1.0 + libdevice.exp(-z))
+    p = _probabilities(z, e_ok, SOFTMAX, INTERPRET)
     choice = p
     if HAS_BIAS:
         choice = choice + tl.load(bias_ptr + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
@@ -134,19 +141,7 @@ def _router_topk_backward_kernel(
         S = tl.sum(raw, axis=1)[:, None] + 1e-20
         d = d / S - tl.sum(d * raw, axis=1)[:, None] / (S * S)
     z = tl.load(logits_ptr + t.to(tl.int64)[:, None] * stride_lt + e[None, :], mask=te_ok, other=0.0).to(tl.float32)
-    z = tl.where(e_ok[None, :], z, float("-inf"))
-    if SOFTMAX:  # as the forward (and torch's softmax): exp of z minus the row's max
-        z = z - tl.max(z, axis=1)[:, None]
-        if INTERPRET:
-            ez = tl.exp(z)
-        else:
-            ez = libdevice.exp(z)
-        p = ez / tl.sum(ez, axis=1)[:, None]
-    else:
-        if INTERPRET:
-            p = 1.0 / (1.0 + tl.exp(-z))
-        else:
-            p = 1.0 / (1.0 + libdevice.exp(-z))
+    p = _probabilities(z, e_ok, SOFTMAX, INTERPRET)  # recomputed as the forward made it
     # dp: the gradient of the scores scattered onto the chosen experts (K distinct ids per token)
     dp = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
     for k in tl.static_range(K):
