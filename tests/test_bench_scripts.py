@@ -385,3 +385,60 @@ def test_gluon_bench_says_it_needs_a_gpu():
     proc = subprocess.run([sys.executable, "scripts/bench_fp8_gluon.py", "--shapes", "30b"], cwd=root,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_host_ab_interleaves_the_two_trees_and_summarises(monkeypatch, tmp_path, capsys):
+    """scripts/host_ab.py on CPU with a stand-in for host_overhead.py: each run imports titan_megamoe from its
+    side's tree (first on PYTHONPATH), the runs alternate A, B, A, B, and the summary holds each side's
+    median and range and the ratio of the medians."""
+    import json
+    import textwrap
+
+    spec = importlib.util.spec_from_file_location("host_ab_under_test", os.path.join(SCRIPTS, "host_ab.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for side, wall in (("a", 100.0), ("b", 80.0)):
+        (tmp_path / side / "titan_megamoe").mkdir(parents=True)
+        (tmp_path / side / "titan_megamoe" / "__init__.py").write_text(f"SIDE, WALL = {side!r}, {wall}\n")
+    order = tmp_path / "order.txt"
+    fake = tmp_path / "fake_host_overhead.py"
+    fake.write_text(textwrap.dedent(f"""
+        import json, os, sys
+        import titan_megamoe as m
+        out = sys.argv[sys.argv.index("--out") + 1]
+        with open({str(order)!r}, "a") as f:
+            f.write(m.SIDE)
+        n = len(open({str(order)!r}).read())
+        os.makedirs(out)
+        env = {{"gpu": "cpu (test)", "torch": "x", "commit": os.environ.get("TITAN_MEGAMOE_COMMIT")}}
+        with open(os.path.join(out, "host_overhead_1.json"), "w") as f:
+            json.dump({{"environment": env, "host_us_per_call": {{"row": m.WALL + n, "gpu only": None}},
+                       "gpu_us_per_call": {{"row": None, "gpu only": 7.0}}}}, f)
+    """))
+    monkeypatch.setattr(mod, "HOST_OVERHEAD", str(fake))
+    monkeypatch.setattr(sys, "argv", ["host_ab.py", "--a", str(tmp_path / "a"), "--a-commit", "abc", "--b",
+                                      str(tmp_path / "b"), "--rounds", "3", "--out", str(tmp_path / "res"), "--",
+                                      "--tokens", "8"])
+    mod.main()
+    assert order.read_text() == "ababab"
+    (path,) = (tmp_path / "res").glob("host_ab_*.json")
+    result = json.loads(path.read_text())
+    row = result["summary"]["row"]
+    # run n (1-based, in order) reports WALL + n: A's runs are 1, 3, 5 and B's 2, 4, 6
+    assert row["a_wall"] == {"median": 103.0, "min": 101.0, "max": 105.0}
+    assert row["b_wall"] == {"median": 84.0, "min": 82.0, "max": 86.0}
+    assert row["b_over_a_wall"] == pytest.approx(84.0 / 103.0) and row["b_over_a_gpu"] is None
+    assert result["summary"]["gpu only"]["b_over_a_gpu"] == 1.0
+    assert [r["environment"]["commit"] for r in result["runs"]["a"]] == ["abc"] * 3
+    assert result["host_overhead_args"] == ["--tokens", "8"]
+    assert "0.816" in capsys.readouterr().out
+
+
+def test_host_ab_refuses_a_tree_without_the_package(monkeypatch, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("host_ab_bad", os.path.join(SCRIPTS, "host_ab.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(sys, "argv", ["host_ab.py", "--a", str(tmp_path), "--b", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        mod.main()
+    assert "holds no titan_megamoe/ package" in capsys.readouterr().err
