@@ -24,6 +24,26 @@ def test_summary_separates_what_triton_specializes_on():
     assert s(t[1:]) != s(t)  # a 2-byte offset: no longer 16-byte aligned
 
 
+def test_key_is_the_summary_of_every_runtime_argument():
+    """`_FastLaunch._key` summarises plain tensors and ints inline: the key must be exactly the one built from
+    `_summary` (which the GPU tests below check against Triton's own pick), for every kind of argument,
+    tensor subclasses and misaligned views included."""
+    # a JITFunction even under the interpreter (the key needs only its signature; nothing launches here)
+    fast = L._FastLaunch(_axpy if hasattr(_axpy, "params") else triton.runtime.jit.JITFunction(_axpy.fn))
+    t = torch.zeros(64, dtype=torch.bfloat16)
+    desc = TensorDescriptor.from_tensor(torch.zeros(16, 16), [16, 16])
+    values = [t, t[1:], t.float(), torch.nn.Parameter(t.clone()), 1, 16, 17, 0, -5, 2**40, 2.5, None, True, desc]
+    # the integer width classes' edges, each side
+    values += [2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1]
+    for x in values:
+        for n in values:
+            args = (x, t, t, n, 0.5, 16)
+            want = (0, tuple(L._summary(a) for a in args), (("BLOCK", 128),))
+            assert fast._key(0, args, {"BLOCK": 128}) == want
+    # a constexpr given by position is keyed by value
+    assert fast._key(0, (t, t, t, 8, 0.5, 16, 64), {})[1][-1] == 64
+
+
 @triton.jit
 def _axpy(x_ptr, y_ptr, out_ptr, n, scale, stride, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
