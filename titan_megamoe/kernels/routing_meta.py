@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..plan import PlanLayout, RoutingPlan, RowSource
-from .common import INTERPRET, cdiv, next_power_of_2
+from .common import INTERPRET, cdiv, new_output, next_power_of_2
 from .launch import launch
 
 
@@ -200,7 +200,7 @@ def expert_schedule(offsets_E1: torch.Tensor, block_m: int) -> tuple[torch.Tenso
     """(local experts most rows first (stable), each expert's first M-tile of `block_m` rows), int32 [E]
     each, from a plan's offsets, in one launch (`oracle.expert_schedule_reference` in torch ops)."""
     E = offsets_E1.numel() - 1
-    out = torch.empty(2 * E, dtype=torch.int32, device=offsets_E1.device)
+    out = new_output((2 * E,), torch.int32, offsets_E1.device)
     if E > 0:
         block_e = next_power_of_2(E)
         launch(_expert_schedule_kernel, (1,), offsets_E1, out, out[E:], E, BLOCK_M=block_m, BLOCK_E=block_e,
