@@ -364,3 +364,20 @@ def test_gluon_gemm1_matches_the_triton_kernel(monkeypatch, T, D, H, E, K, routi
     h_got, h_want = dequantize(got[2]).float(), dequantize(want[2]).float()
     assert not h_got.isnan().any() and not got[2].scale.isnan().any(), "h: rows left unwritten (NaN poison)"
     assert (h_got - h_want).norm() <= 1e-2 * h_want.norm()
+
+
+@pytest.mark.parametrize("rows,dtype_name", [(64, "float8e4nv"), (128, "float8e4nv"), (128, "bfloat16"),
+                                             (256, "float8e4nv")])
+def test_descriptor_layout_is_gluons_default_made_once(rows, dtype_name):
+    """The Gluon descriptors' shared-memory layout comes from a cache (`_tile_layout`): equal to what
+    `NVMMASharedLayout.get_default_for` makes for those tiles, and the same object on every call."""
+    from triton.experimental.gluon import language as gl
+
+    from titan_megamoe.kernels.fp8_rows_gluon import SCALE_BLOCK, _descriptor
+
+    dtype = getattr(gl, dtype_name)
+    t = torch.empty(2, 256, 384, dtype=torch.bfloat16 if dtype_name == "bfloat16" else torch.float8_e4m3fn)
+    first, again = _descriptor(t, rows, dtype), _descriptor(t[1:], rows, dtype)
+    assert first.layout == gl.NVMMASharedLayout.get_default_for([rows, SCALE_BLOCK], dtype)
+    assert again.layout is first.layout
+    assert list(first.block_shape) == [rows, SCALE_BLOCK] and list(first.shape) == [512, 384]
