@@ -442,3 +442,23 @@ def test_host_ab_refuses_a_tree_without_the_package(monkeypatch, tmp_path, capsy
     with pytest.raises(SystemExit):
         mod.main()
     assert "holds no titan_megamoe/ package" in capsys.readouterr().err
+
+
+def test_host_python_runs_the_gpu_host_code_with_launches_stubbed():
+    """scripts/host_python.py on CPU: the GPU kernels' host code runs (the table's configs; Gluon's
+    descriptors for fp8) with every launch counted instead of made; under the interpreter it refuses."""
+    import subprocess
+
+    root = os.path.dirname(SCRIPTS)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = [sys.executable, os.path.join(SCRIPTS, "host_python.py"), "--shape", "64", "256", "256", "4", "2",
+            "--calls", "2"]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines()[1:])
+    assert lines.keys() == {"bf16", "fp8"}
+    launches = {p: int(v.split(", ")[1].split()[0]) for p, v in lines.items()}
+    assert launches["bf16"] >= 10 and launches["fp8"] > launches["bf16"]
+    refused = subprocess.run(args, capture_output=True, text=True, env={**env, "TRITON_INTERPRET": "1"}, cwd=root,
+                             timeout=300)
+    assert refused.returncode != 0 and "without TRITON_INTERPRET" in refused.stderr
