@@ -35,3 +35,21 @@ def test_layer_speedups_quote_the_expert_path_alone_first():
                             doc.index("fused_stock_router"))
         assert i_alone < i_fused
     assert "1.95x / 2.00x" in README and "1.95x and 2.00x" in KERNELS
+
+
+def test_relative_links_in_the_docs_point_at_committed_files():
+    """Every relative Markdown link in README.md, docs/*.md and docs/results/*.md names a file or folder
+    of the repository (anchors aside; code spans are not links)."""
+    import re
+
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(RESULTS.glob("*.md"))]
+    missing, checked = [], 0
+    for page in pages:
+        text = re.sub(r"`[^`\n]*`", "", page.read_text())
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            checked += 1
+            if not (page.parent / target.split("#")[0]).exists():
+                missing.append(f"{page.relative_to(REPO)}: {target}")
+    assert checked > 50 and not missing, missing
