@@ -9,9 +9,9 @@ time of one fused layer forward+backward (30B-A3B shape, `--case`, TorchTitan la
             (nothing launched, the call synchronised after each one so no queue builds up): the host
             time of everything else (torch ops, allocations, autograd, the harness). The stubbed calls
             reuse the previous calls' buffers, so the torch ops around the kernels see valid routing.
-  segments: per launch, the time in `_FastLaunch._key` (the specialization summary), in building the
-            argument list, and in `compiled.run` (Triton's launcher: TMA descriptor encoding, argument
-            packing, cuLaunchKernelEx).
+  segments: per launch, the time in `_FastLaunch._key` (the specialization summary) and in the rest of
+            `_FastLaunch.__call__` (the argument list, and `compiled.run`: Triton's launcher, with TMA
+            descriptor encoding, argument packing and cuLaunchKernelEx).
 
     python scripts/host_launches.py --precision bf16,fp8
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import importlib
 import os
 import sys
 import time
@@ -31,14 +30,9 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_layer import CASES, build_layers, run_fwd_bwd  # noqa: E402
+from host_python import launching_modules  # noqa: E402
 
 from titan_megamoe.kernels import launch as launch_module  # noqa: E402
-
-# every module that launches through `launch` (each imported the name, so each is patched)
-_LAUNCHING_MODULES = ("wgrad", "grouped_gemm", "gemm1_swiglu", "dgrad_swiglu", "dswiglu_fp8_gluon", "quantize",
-                      "fp8_rows_gluon", "fp8_rows_ws_gluon", "routing_meta", "router_topk", "sorted_rows",
-                      "fp8_gemm1_gluon", "combine", "quantize_gluon")
-
 
 def split(layer, x, dout, calls: int) -> None:
     real = launch_module.launch
@@ -52,7 +46,7 @@ def split(layer, x, dout, calls: int) -> None:
         spent[kernel.fn.__name__] += time.perf_counter() - t
         count[kernel.fn.__name__] += 1
 
-    modules = [importlib.import_module(f"titan_megamoe.kernels.{m}") for m in _LAUNCHING_MODULES]
+    modules = launching_modules()
     for m in modules:
         m.launch = timed
     try:
@@ -82,35 +76,24 @@ def split(layer, x, dout, calls: int) -> None:
 
 def segments(layer, x, dout, calls: int) -> None:
     fast = launch_module._FastLaunch
-    real_call = fast.__call__
-    acc = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    real_call, real_key = fast.__call__, fast._key
+    acc = collections.defaultdict(lambda: [0.0, 0.0, 0])  # per kernel: in _key, in the whole call, launches
 
-    def call(self, grid, args, kwargs):  # _FastLaunch.__call__'s fast path, timed in three parts
-        kernel = self.kernel
-        t0 = time.perf_counter()
-        driver = triton.runtime.driver.active
-        device = driver.get_current_device()
-        key = self._key(device, args, kwargs)
-        compiled = self.compiled.get(key)
-        if compiled is None:
-            self.compiled[key] = kernel[grid](*args, **kwargs)
-            return
-        t1 = time.perf_counter()
-        values = list(args)
-        for name in self.names[len(args):]:
-            values.append(kwargs[name] if name in kwargs else self.defaults[name])
-        stream = driver.get_current_stream(device)
-        t2 = time.perf_counter()
-        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                     compiled.function, compiled.packed_metadata, None, None, None, *values)
-        t3 = time.perf_counter()
-        a = acc[kernel.fn.__name__]
-        a[0] += t1 - t0
-        a[1] += t2 - t1
-        a[2] += t3 - t2
-        a[3] += 1
+    def key(self, device, args, kwargs):
+        t = time.perf_counter()
+        try:
+            return real_key(self, device, args, kwargs)
+        finally:
+            acc[self.kernel.fn.__name__][0] += time.perf_counter() - t
 
-    fast.__call__ = call
+    def call(self, grid, args, kwargs):
+        t = time.perf_counter()
+        real_call(self, grid, args, kwargs)
+        a = acc[self.kernel.fn.__name__]
+        a[1] += time.perf_counter() - t
+        a[2] += 1
+
+    fast.__call__, fast._key = call, key
     try:
         for _ in range(10):
             run_fwd_bwd(layer, x, dout)
@@ -120,10 +103,10 @@ def segments(layer, x, dout, calls: int) -> None:
             run_fwd_bwd(layer, x, dout)
         torch.cuda.synchronize()
     finally:
-        fast.__call__ = real_call
-    print("  us per launch: _key, argument list + stream, compiled.run")
-    for name, (k, v, r, c) in sorted(acc.items(), key=lambda kv: -sum(kv[1][:3]) / kv[1][3]):
-        print(f"    {k / c * 1e6:6.1f} {v / c * 1e6:6.1f} {r / c * 1e6:6.1f}  x{c // calls}  {name}")
+        fast.__call__, fast._key = real_call, real_key
+    print("  us per launch: _key, the rest of the launch (argument list, stream, compiled.run)")
+    for name, (k, whole, c) in sorted(acc.items(), key=lambda kv: -kv[1][1] / kv[1][2]):
+        print(f"    {k / c * 1e6:6.1f} {(whole - k) / c * 1e6:6.1f}  x{c // calls}  {name}")
 
 
 def main():

@@ -31,8 +31,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .common import INTERPRET
 
-_I32 = range(-(2**31), 2**31)  # the bounds `_FastLaunch._key` spells out inline
-_I64 = range(-(2**63), 2**63)
 _TENSOR = torch.Tensor  # exactly: subclasses (nn.Parameter, ...) go through `_summary`
 
 
@@ -42,7 +40,9 @@ def _summary(arg):
         return arg.dtype, arg.data_ptr() % 16 == 0
     kind = type(arg)
     if kind is int:
-        return "int", arg == 1, arg % 16 == 0, arg in _I32, arg in _I64
+        # the same tuple `_FastLaunch._key` makes inline: i32 and i64 ranges, as Triton's width classes
+        return ("int", arg == 1, arg % 16 == 0, -2147483648 <= arg < 2147483648,
+                -9223372036854775808 <= arg < 9223372036854775808)
     if kind is TensorDescriptor:
         return "desc", arg.base.dtype, tuple(arg.block_shape), getattr(arg, "padding", None)
     if kind is GluonTensorDescriptor:  # Gluon's also carry their shared-memory layout (`fp8_rows_gluon`)

@@ -94,6 +94,13 @@ def _router_topk_kernel(
     tl.store(raw_ptr + off, s, mask=ok)
 
 
+def _token_blocks(E: int) -> tuple[int, int]:
+    """(tokens, padded experts) per program of both router kernels: the whole expert row, and ~4K fp32
+    lanes per program so that a [tokens, experts] block (p, choice; p, dp) stays in registers."""
+    block_e = next_power_of_2(E)
+    return max(1, min(32, 4096 // block_e)), block_e
+
+
 def router_topk(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, top_k: int, score_func: str,
                 route_norm: bool, route_scale: float):
     """(top scores [T, K] fp32, expert ids [T, K] int64, unnormalised p at the ids [T, K] fp32)."""
@@ -106,8 +113,7 @@ def router_topk(logits_TE: torch.Tensor, bias_E: torch.Tensor | None, top_k: int
     raw = new_output((T, top_k), torch.float32, dev)
     if T == 0:
         return scores, ids, raw
-    block_e = next_power_of_2(E)
-    block_t = max(1, min(32, 4096 // block_e))  # ~4K fp32 lanes per program keep p and choice in registers
+    block_t, block_e = _token_blocks(E)
     launch(
         _router_topk_kernel, (cdiv(T, block_t),),
         logits_TE, bias_E if bias_E is not None else logits_TE, scores, ids, raw,
@@ -163,8 +169,7 @@ def router_topk_backward(d_scores_TK: torch.Tensor, logits_TE: torch.Tensor, ids
     dlogits = new_output((T, E), logits_TE.dtype, logits_TE.device)
     if T == 0:
         return dlogits
-    block_e = next_power_of_2(E)
-    block_t = max(1, min(32, 4096 // block_e))
+    block_t, block_e = _token_blocks(E)
     launch(
         _router_topk_backward_kernel, (cdiv(T, block_t),),
         logits_TE, ids_TK, raw_TK, d_scores_TK.contiguous(), dlogits,
