@@ -12,7 +12,10 @@ first on PYTHONPATH (the scripts come from this checkout, so both sides run the 
     python scripts/host_ab.py --a /tmp/a --a-commit <commit> --b . --rounds 3 -- --tokens 512 --precision bf16,fp8
 
 Everything after `--` goes to host_overhead.py (not --out: each run writes into a temporary folder).
-Writes host_ab_<time>.json into --out: both sides' per-round rows, and the summary.
+Writes host_ab_<time>.json into --out after every complete round (both sides' runs so far, and their
+summary), so a run stopped from outside keeps what it finished. --max-seconds starts a round only if the
+slowest round so far would still end within it: on a device call with a hard time limit, three rounds
+asked for and 1.5 done left no JSON at all (2026-12-07).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS)
@@ -77,6 +81,8 @@ def main():
     ap.add_argument("--a-commit", help="the commit side A's tree came from (recorded in its runs)")
     ap.add_argument("--b-commit", help="the commit side B's tree came from")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-seconds", type=float, default=0,
+                    help="start a round only if the slowest one so far would end within this (0: no limit)")
     ap.add_argument("--out", default="docs/results")
     a = ap.parse_args(ours)
     if "--out" in passed:
@@ -86,22 +92,33 @@ def main():
     for side in (a.a, a.b):
         if not os.path.isdir(os.path.join(side, "titan_megamoe")):
             ap.error(f"{side} holds no titan_megamoe/ package")
+    if a.max_seconds < 0:
+        ap.error(f"--max-seconds must be 0 (no limit) or positive, got {a.max_seconds}")
     from bench_layer import result_path
 
     runs = {"a": [], "b": []}
+    path = result_path(a.out, "host_ab")
+    start, slowest = time.monotonic(), 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
+            elapsed = time.monotonic() - start
+            if r and a.max_seconds and elapsed + slowest > a.max_seconds:
+                print(f"stopping after {r} of {a.rounds} rounds: the next would end past --max-seconds "
+                      f"{a.max_seconds:.0f} ({elapsed:.0f} s gone, the slowest round took {slowest:.0f} s)", flush=True)
+                break
             for side, tree, commit in (("a", a.a, a.a_commit), ("b", a.b, a.b_commit)):
                 print(f"round {r + 1}/{a.rounds}: side {side.upper()} ({tree})", flush=True)
                 runs[side].append(run_side(tree, commit, passed, os.path.join(tmp, f"{side}{r}")))
-    rows = summarise(runs)
-    path = result_path(a.out, "host_ab")
-    with open(path, "w") as f:
-        json.dump({"a": {"tree": a.a, "commit": a.a_commit}, "b": {"tree": a.b, "commit": a.b_commit},
-                   "rounds": a.rounds, "host_overhead_args": passed, "summary": rows, "runs": runs}, f, indent=1)
+            slowest = max(slowest, time.monotonic() - start - elapsed)
+            rows = summarise(runs)
+            with open(path, "w") as f:
+                json.dump({"a": {"tree": a.a, "commit": a.a_commit}, "b": {"tree": a.b, "commit": a.b_commit},
+                           "rounds": r + 1, "rounds_asked": a.rounds, "host_overhead_args": passed, "summary": rows,
+                           "runs": runs}, f, indent=1)
+    done = len(runs["a"])
     env = runs["b"][0]["environment"]
     print(f"wrote {path}\n{env['gpu']}  torch {env['torch']}  A {a.a_commit or a.a}  B {a.b_commit or a.b}  "
-          f"{a.rounds} rounds, interleaved")
+          f"{done} rounds, interleaved")
     head = ("A wall", "B wall", "B/A", "A GPU", "B GPU", "B/A")
     print(f"{'us per call: median [min-max]':<44}" + "".join(f"{h:>{7 if h == 'B/A' else 20}}" for h in head))
     for name, row in rows.items():

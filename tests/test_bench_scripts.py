@@ -434,6 +434,43 @@ def test_host_ab_interleaves_the_two_trees_and_summarises(monkeypatch, tmp_path,
     assert "0.816" in capsys.readouterr().out
 
 
+def test_host_ab_stops_before_a_round_that_would_overrun_and_keeps_the_rounds_done(monkeypatch, tmp_path, capsys):
+    """--max-seconds: a round starts only if the slowest so far would still end in time; the JSON, written
+    after each complete round, holds the rounds run and the rounds asked for."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("host_ab_limit", os.path.join(SCRIPTS, "host_ab.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for side in ("a", "b"):
+        (tmp_path / side / "titan_megamoe").mkdir(parents=True)
+    clock = [0.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: clock[0])
+    env = {"gpu": "cpu (test)", "torch": "x"}
+    written = []
+
+    def run_side(tree, commit, args, out_dir):  # each side's run takes 40 s of the stand-in clock
+        clock[0] += 40.0
+        written.append(sorted(p.name for p in (tmp_path / "res").glob("host_ab_*.json")))
+        return {"environment": env, "host_us_per_call": {"row": 100.0}, "gpu_us_per_call": {"row": 5.0}}
+
+    monkeypatch.setattr(mod, "run_side", run_side)
+    monkeypatch.setattr(sys, "argv", ["host_ab.py", "--a", str(tmp_path / "a"), "--b", str(tmp_path / "b"),
+                                      "--rounds", "5", "--max-seconds", "200", "--out", str(tmp_path / "res")])
+    mod.main()
+    # rounds take 80 s: round 2 starts at 80 (ends 160 <= 200), round 3 would end at 240: not started
+    assert len(written) == 4 and written[0] == [] and len(written[2]) == 1  # the JSON exists after round 1
+    (path,) = (tmp_path / "res").glob("host_ab_*.json")
+    result = json.loads(path.read_text())
+    assert (result["rounds"], result["rounds_asked"], len(result["runs"]["a"])) == (2, 5, 2)
+    assert "stopping after 2 of 5 rounds" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["host_ab.py", "--a", str(tmp_path / "a"), "--b", str(tmp_path / "b"),
+                                      "--max-seconds", "-1"])
+    with pytest.raises(SystemExit):
+        mod.main()
+    assert "--max-seconds must be 0 (no limit) or positive" in capsys.readouterr().err
+
+
 def test_host_ab_refuses_a_tree_without_the_package(monkeypatch, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("host_ab_bad", os.path.join(SCRIPTS, "host_ab.py"))
     mod = importlib.util.module_from_spec(spec)
