@@ -10,11 +10,12 @@
 # recipe FLOAT8_ARGS (default: float8 Linear, tensorwise, the fastest stock float8 variant on 2026-12-03), and
 # `float8_variants`, stock's four float8 variants against each other (H200 too), and `fp8_bwd_loss`, 200 steps
 # of mega_moe bf16 against mega_moe fp8_bwd on that config (H200: which of fp8's forward and backward moves
-# the 200-step loss offset, docs/kernels.md), and `fp8_loss_80gb`, the same offset on an 80 GB H100's config
-# (mega_moe bf16 against fp8, stock bf16 against float8, 200 steps each, seed LOSS_SEED; ~3 min per A/B on an H100
-# on 2026-12-07), and `mega_dense_float8`, mega_moe fp8 with and without torchao's float8 Linear on the dense
-# layers. FP8_CONFIG=qwen3_30b_a3b_80gb.toml runs ab_fp8_30b_1gpu, float8_variants, mega_dense_float8 and
-# fp8_bwd_loss on an 80 GB H100's config instead of the H200's (3 layers: not the config of issue 14's targets). Each
+# the 200-step loss offset, docs/kernels.md), and `fp8_loss` / `fp8_loss_80gb`, issue 14's loss rule on the H200's
+# config / an 80 GB H100's (mega_moe bf16 against fp8, stock bf16 against float8, 200 steps each, seed LOSS_SEED,
+# pairs LOSS_PAIRS), and `mega_dense_float8`, mega_moe fp8 with and without torchao's float8 Linear on the dense
+# layers. FP8_CONFIG=qwen3_30b_a3b_80gb.toml runs ab_fp8_30b_1gpu, float8_variants, mega_dense_float8,
+# fp8_bwd_loss and fp8_loss on an 80 GB H100's config instead of the H200's (3 layers: not the config of issue 14's
+# targets). Each
 # stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
 # the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
 # one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
@@ -26,13 +27,14 @@ out=${1:-gpu_out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export FP8_CONFIG=${FP8_CONFIG:-qwen3_30b_a3b_1gpu.toml}  # the FP8 training stages' config (the stage functions see it)
-# stock's float8 converters with its float8 grouped_mm on the experts (float8_variants, fp8_loss_80gb); the float8
+# stock's float8 converters with its float8 grouped_mm on the experts (float8_variants, fp8_loss*); the float8
 # Linear recipe is each stage's own
 export STOCK_FLOAT8_GROUPED="--model.converters quantize.linear.float8,quantize.grouped_mm.float8"
 STOCK_FLOAT8_GROUPED+=" --quantize.grouped_mm.float8.fqns experts"
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
 # the default ones, then the others
-known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants mega_dense_float8 fp8_bwd_loss fp8_loss_80gb"
+known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants mega_dense_float8 fp8_bwd_loss fp8_loss"
+known_stages+=" fp8_loss_80gb"
 stages=${STAGES:-$all_stages}
 for name in $stages; do
   case " $known_stages " in
@@ -143,18 +145,28 @@ stage mega_dense_float8 "${AB_FP8_LIMIT:-590}" python3 -m titan_megamoe.cli ab -
 stage fp8_bwd_loss 590 python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --steps 200 --warmup 8 \
   --no-deterministic --arms mega_moe,mega_moe --mega-args "--compile.enable" \
   --repeat-args "--mega_moe.precision fp8_bwd" --out "$out/fp8_bwd_loss"
-# the same loss question on an 80 GB H100 (qwen3_30b_a3b_80gb.toml: 3 layers, seq_len 8192): 200 steps of mega_moe
-# bf16 against mega_moe fp8, then of stock bf16 against stock's float8 recipe (the rule's tolerance), seed
-# LOSS_SEED (default 42; a second seed tells an FP8 offset from a chaotic divergence).
-# `scripts/fp8_training_compare.py OUT/fp8_loss_80gb_*` compares them
-fp8_loss_80gb() {
-  local seed=${LOSS_SEED:-42}
+# issue 14's loss rule: 200 steps of mega_moe bf16 against mega_moe fp8 (pair `mega`), then of stock bf16 against
+# stock's float8 recipe, the rule's tolerance (pair `stock`), seed LOSS_SEED (default 42; a second seed tells an
+# FP8 offset from a chaotic divergence). `fp8_loss` runs them on FP8_CONFIG (the H200's config of the rule; on the
+# H200 a pair takes ~5-6 min, so LOSS_PAIRS="mega" and then "stock" fit one 10-minute call each), `fp8_loss_80gb`
+# on qwen3_30b_a3b_80gb.toml (3 layers, seq_len 8192; ~3 min per pair on an H100 on 2026-12-07).
+# `scripts/fp8_training_compare.py OUT/fp8_loss_*` compares them within each seed
+fp8_loss() {  # config
+  local config=$1 seed=${LOSS_SEED:-42} pair name
   local float8="$STOCK_FLOAT8_GROUPED --quantize.linear.float8.recipe_name rowwise"
-  python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_80gb.toml --steps 200 --warmup 8 --no-deterministic \
-    --seed "$seed" --arms mega_moe,mega_moe --mega-args "--compile.enable" \
-    --repeat-args "--mega_moe.precision fp8" --out "$out/fp8_loss_80gb_mega_seed$seed" || echo "rc=$?"
-  python3 -m titan_megamoe.cli ab --config qwen3_30b_a3b_80gb.toml --steps 200 --warmup 8 --no-deterministic \
-    --seed "$seed" --arms stock,stock --stock-args "--compile.enable" \
-    --repeat-args "$float8" --out "$out/fp8_loss_80gb_stock_seed$seed" || echo "rc=$?"
+  name=$(basename "$config" .toml)
+  name=${name#qwen3_30b_a3b_}
+  for pair in ${LOSS_PAIRS:-mega stock}; do
+    case $pair in
+      mega) python3 -m titan_megamoe.cli ab --config "$config" --steps 200 --warmup 8 --no-deterministic \
+              --seed "$seed" --arms mega_moe,mega_moe --mega-args "--compile.enable" \
+              --repeat-args "--mega_moe.precision fp8" --out "$out/fp8_loss_${name}_mega_seed$seed" || echo "rc=$?" ;;
+      stock) python3 -m titan_megamoe.cli ab --config "$config" --steps 200 --warmup 8 --no-deterministic \
+              --seed "$seed" --arms stock,stock --stock-args "--compile.enable" \
+              --repeat-args "$float8" --out "$out/fp8_loss_${name}_stock_seed$seed" || echo "rc=$?" ;;
+      *) echo "LOSS_PAIRS: unknown pair '$pair' (mega, stock)"; return 2 ;;
+    esac
+  done
 }
-stage fp8_loss_80gb "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f fp8_loss_80gb); fp8_loss_80gb"
+stage fp8_loss "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f fp8_loss); fp8_loss $FP8_CONFIG"
+stage fp8_loss_80gb "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f fp8_loss); fp8_loss qwen3_30b_a3b_80gb.toml"
