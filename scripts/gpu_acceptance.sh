@@ -15,9 +15,8 @@
 # pairs LOSS_PAIRS), and `mega_dense_float8`, mega_moe fp8 with and without torchao's float8 Linear on the dense
 # layers. FP8_CONFIG=qwen3_30b_a3b_80gb.toml runs ab_fp8_30b_1gpu, float8_variants, mega_dense_float8,
 # fp8_bwd_loss and fp8_loss on an 80 GB H100's config instead of the H200's (3 layers: not the config of issue 14's
-# targets). Each
-# stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is reported and
-# the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
+# targets). Each stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is
+# reported and the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
 # one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
 # tune_kernels.py --merge; TUNE_WRITE=1 puts the winners in the table for the stages after it).
 # On a machine that got a copy of the working tree whose .git may lag it (the device machines here: twice the
@@ -36,6 +35,9 @@ all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
 known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants mega_dense_float8 fp8_bwd_loss fp8_loss"
 known_stages+=" fp8_loss_80gb"
 stages=${STAGES:-$all_stages}
+for pair in ${LOSS_PAIRS:-}; do
+  case $pair in mega|stock) ;; *) echo "LOSS_PAIRS: unknown pair '$pair'; the pairs are: mega stock" >&2; exit 2 ;; esac
+done
 for name in $stages; do
   case " $known_stages " in
     *" $name "*) ;;
@@ -147,9 +149,10 @@ stage fp8_bwd_loss 590 python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --
   --repeat-args "--mega_moe.precision fp8_bwd" --out "$out/fp8_bwd_loss"
 # issue 14's loss rule: 200 steps of mega_moe bf16 against mega_moe fp8 (pair `mega`), then of stock bf16 against
 # stock's float8 recipe, the rule's tolerance (pair `stock`), seed LOSS_SEED (default 42; a second seed tells an
-# FP8 offset from a chaotic divergence). `fp8_loss` runs them on FP8_CONFIG (the H200's config of the rule; on the
-# H200 a pair takes ~5-6 min, so LOSS_PAIRS="mega" and then "stock" fit one 10-minute call each), `fp8_loss_80gb`
-# on qwen3_30b_a3b_80gb.toml (3 layers, seq_len 8192; ~3 min per pair on an H100 on 2026-12-07).
+# FP8 offset from a chaotic divergence). `fp8_loss` runs them on FP8_CONFIG (the H200's config of the rule; a pair
+# there should take 5-6 min, from the step times of 30-step runs, so LOSS_PAIRS="mega" and then "stock" each fit
+# one 10-minute call), `fp8_loss_80gb` on qwen3_30b_a3b_80gb.toml (3 layers, seq_len 8192; ~3 min per pair on an
+# H100 on 2026-12-07).
 # `scripts/fp8_training_compare.py OUT/fp8_loss_*` compares them within each seed
 fp8_loss() {  # config
   local config=$1 seed=${LOSS_SEED:-42} pair name
@@ -164,7 +167,6 @@ fp8_loss() {  # config
       stock) python3 -m titan_megamoe.cli ab --config "$config" --steps 200 --warmup 8 --no-deterministic \
               --seed "$seed" --arms stock,stock --stock-args "--compile.enable" \
               --repeat-args "$float8" --out "$out/fp8_loss_${name}_stock_seed$seed" || echo "rc=$?" ;;
-      *) echo "LOSS_PAIRS: unknown pair '$pair' (mega, stock)"; return 2 ;;
     esac
   done
 }
