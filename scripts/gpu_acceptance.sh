@@ -16,8 +16,8 @@
 # layers. FP8_CONFIG=qwen3_30b_a3b_80gb.toml runs ab_fp8_30b_1gpu, float8_variants, mega_dense_float8,
 # fp8_bwd_loss and fp8_loss on an 80 GB H100's config instead of the H200's (3 layers: not the config of issue 14's
 # targets). Each stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is
-# reported and the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes so far, at
-# one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
+# reported and the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes
+# so far, at one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
 # tune_kernels.py --merge; TUNE_WRITE=1 puts the winners in the table for the stages after it).
 # On a machine that got a copy of the working tree whose .git may lag it (the device machines here: twice the
 # JSONs named an older commit), pass TITAN_MEGAMOE_COMMIT=<the commit> so the results name the code that ran.
@@ -160,14 +160,10 @@ fp8_loss() {  # config
   name=$(basename "$config" .toml)
   name=${name#qwen3_30b_a3b_}
   for pair in ${LOSS_PAIRS:-mega stock}; do
-    case $pair in
-      mega) python3 -m titan_megamoe.cli ab --config "$config" --steps 200 --warmup 8 --no-deterministic \
-              --seed "$seed" --arms mega_moe,mega_moe --mega-args "--compile.enable" \
-              --repeat-args "--mega_moe.precision fp8" --out "$out/fp8_loss_${name}_mega_seed$seed" || echo "rc=$?" ;;
-      stock) python3 -m titan_megamoe.cli ab --config "$config" --steps 200 --warmup 8 --no-deterministic \
-              --seed "$seed" --arms stock,stock --stock-args "--compile.enable" \
-              --repeat-args "$float8" --out "$out/fp8_loss_${name}_stock_seed$seed" || echo "rc=$?" ;;
-    esac
+    local arms=(--arms mega_moe,mega_moe --mega-args "--compile.enable" --repeat-args "--mega_moe.precision fp8")
+    [ "$pair" = stock ] && arms=(--arms stock,stock --stock-args "--compile.enable" --repeat-args "$float8")
+    python3 -m titan_megamoe.cli ab --config "$config" --steps 200 --warmup 8 --no-deterministic --seed "$seed" \
+      "${arms[@]}" --out "$out/fp8_loss_${name}_${pair}_seed$seed" || echo "rc=$?"
   done
 }
 stage fp8_loss "${AB_FP8_LIMIT:-590}" bash -c "out=$out; $(declare -f fp8_loss); fp8_loss $FP8_CONFIG"
