@@ -8,16 +8,15 @@
 # in the default: `ab_fp8_30b_1gpu`, block FP8 training on Qwen3-30B-A3B shapes (needs the H200's memory: both
 # arms ran out of an 80 GB H100's on 2026-12-06): mega_moe fp8 against stock bf16, then against stock's float8
 # recipe FLOAT8_ARGS (default: float8 Linear, tensorwise, the fastest stock float8 variant on 2026-12-03), and
-# `float8_variants`, stock's four float8 variants against each other (H200 too), and `fp8_bwd_loss`, 200 steps
-# of mega_moe bf16 against mega_moe fp8_bwd on that config (H200: which of fp8's forward and backward moves
-# the 200-step loss offset, docs/kernels.md), and `fp8_loss` / `fp8_loss_80gb`, issue 14's loss rule on the H200's
-# config / an 80 GB H100's (mega_moe bf16 against fp8, stock bf16 against float8, 200 steps each, seed LOSS_SEED,
-# pairs LOSS_PAIRS), and `mega_dense_float8`, mega_moe fp8 with and without torchao's float8 Linear on the dense
-# layers. FP8_CONFIG=qwen3_30b_a3b_80gb.toml runs ab_fp8_30b_1gpu, float8_variants, mega_dense_float8,
-# fp8_bwd_loss and fp8_loss on an 80 GB H100's config instead of the H200's (3 layers: not the config of issue 14's
-# targets). Each stage has its own time limit so one slow stage cannot starve the rest; a stage that fails is
-# reported and the next one still runs. Not in the default: `tune_candidates`, tile options timed at few shapes
-# so far, at one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
+# `float8_variants`, stock's four float8 variants against each other (H200 too), and `fp8_loss` / `fp8_loss_80gb`,
+# issue 14's loss rule on the H200's config / an 80 GB H100's (mega_moe bf16 against fp8, stock bf16 against
+# float8, 200 steps each, seed LOSS_SEED, pairs LOSS_PAIRS; pair `fp8_bwd`, mega_moe bf16 against fp8_bwd, tells
+# whether fp8's forward or its backward moves a loss offset), and `mega_dense_float8`, mega_moe fp8 with and
+# without torchao's float8 Linear on the dense layers. FP8_CONFIG=qwen3_30b_a3b_80gb.toml runs ab_fp8_30b_1gpu,
+# float8_variants, mega_dense_float8 and fp8_loss on an 80 GB H100's config instead of the H200's (3 layers: not
+# the config of issue 14's targets). Each stage has its own time limit so one slow stage cannot starve the rest; a stage
+# that fails is reported and the next one still runs. Not in the default: `tune_candidates`, tile options timed at few
+# shapes so far, at one shape per run (TUNE_SHAPE="D H E K T", default 30B-A3B's; JSON per run under OUT_DIR/tune, for
 # tune_kernels.py --merge; TUNE_WRITE=1 puts the winners in the table for the stages after it).
 # On a machine that got a copy of the working tree whose .git may lag it (the device machines here: twice the
 # JSONs named an older commit), pass TITAN_MEGAMOE_COMMIT=<the commit> so the results name the code that ran.
@@ -32,11 +31,13 @@ export STOCK_FLOAT8_GROUPED="--model.converters quantize.linear.float8,quantize.
 STOCK_FLOAT8_GROUPED+=" --quantize.grouped_mm.float8.fqns experts"
 all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
 # the default ones, then the others
-known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants mega_dense_float8 fp8_bwd_loss fp8_loss"
+known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants mega_dense_float8 fp8_loss"
 known_stages+=" fp8_loss_80gb"
 stages=${STAGES:-$all_stages}
 for pair in ${LOSS_PAIRS:-}; do
-  case $pair in mega|stock) ;; *) echo "LOSS_PAIRS: unknown pair '$pair'; the pairs are: mega stock" >&2; exit 2 ;; esac
+  case $pair in mega|fp8_bwd|stock) ;;
+    *) echo "LOSS_PAIRS: unknown pair '$pair'; the pairs are: mega fp8_bwd stock" >&2; exit 2 ;;
+  esac
 done
 for name in $stages; do
   case " $known_stages " in
@@ -142,25 +143,23 @@ stage mega_dense_float8 "${AB_FP8_LIMIT:-590}" python3 -m titan_megamoe.cli ab -
   --mega-args "--compile.enable --mega_moe.precision fp8" \
   --repeat-args "--model.converters quantize.linear.float8 --quantize.linear.float8.recipe_name tensorwise" \
   --out "$out/mega_dense_float8"
-# the loss offset's next question: does fp8's forward or its backward move it? (the A/B's report has the per-step
-# loss difference; docs/results/fp8_training_20261204/ has the fp8 runs to set it beside)
-stage fp8_bwd_loss 590 python3 -m titan_megamoe.cli ab --config "$FP8_CONFIG" --steps 200 --warmup 8 \
-  --no-deterministic --arms mega_moe,mega_moe --mega-args "--compile.enable" \
-  --repeat-args "--mega_moe.precision fp8_bwd" --out "$out/fp8_bwd_loss"
 # issue 14's loss rule: 200 steps of mega_moe bf16 against mega_moe fp8 (pair `mega`), then of stock bf16 against
 # stock's float8 recipe, the rule's tolerance (pair `stock`), seed LOSS_SEED (default 42; a second seed tells an
 # FP8 offset from a chaotic divergence). `fp8_loss` runs them on FP8_CONFIG (the H200's config of the rule; a pair
 # there should take 5-6 min, from the step times of 30-step runs, so LOSS_PAIRS="mega" and then "stock" each fit
 # one 10-minute call), `fp8_loss_80gb` on qwen3_30b_a3b_80gb.toml (3 layers, seq_len 8192; ~3 min per pair on an
-# H100 on 2026-12-07).
-# `scripts/fp8_training_compare.py OUT/fp8_loss_*` compares them within each seed
+# H100 on 2026-12-07). Pair `fp8_bwd` (not in the default), mega_moe bf16 against fp8_bwd, asks whether fp8's
+# forward or its backward moves a loss offset (the A/B's own report has its per-step loss difference).
+# `scripts/fp8_training_compare.py OUT/fp8_loss_*_{mega,stock}_*` compares the rule's pairs within each seed
 fp8_loss() {  # config
   local config=$1 seed=${LOSS_SEED:-42} pair name
   local float8="$STOCK_FLOAT8_GROUPED --quantize.linear.float8.recipe_name rowwise"
   name=$(basename "$config" .toml)
   name=${name#qwen3_30b_a3b_}
   for pair in ${LOSS_PAIRS:-mega stock}; do
-    local arms=(--arms mega_moe,mega_moe --mega-args "--compile.enable" --repeat-args "--mega_moe.precision fp8")
+    local precision=fp8
+    [ "$pair" = fp8_bwd ] && precision=fp8_bwd
+    local arms=(--arms mega_moe,mega_moe --mega-args "--compile.enable" --repeat-args "--mega_moe.precision $precision")
     [ "$pair" = stock ] && arms=(--arms stock,stock --stock-args "--compile.enable" --repeat-args "$float8")
     python3 -m titan_megamoe.cli ab --config "$config" --steps 200 --warmup 8 --no-deterministic --seed "$seed" \
       "${arms[@]}" --out "$out/fp8_loss_${name}_${pair}_seed$seed" || echo "rc=$?"
