@@ -25,7 +25,9 @@ divergence of one pair of runs either way. The sections before that table show t
     python scripts/fp8_training_compare.py AB_DIR_OR_JSON[:ARM[,ARM]] [...] --out docs/results/fp8_training_<stamp>
 
 `:ARM` takes only those arms of a file (e.g. to leave out an arm that failed or ran superseded code; the
-report lists what was taken from where).
+report lists what was taken from where). `--fp8-arm fp8_bwd` sets mega_moe `fp8_bwd` (bf16 forward, FP8
+backward) where mega_moe `fp8` stands above, in the loss rule and the speed ratios (those have targets for
+`fp8` only); the JSON keys stay `mega_moe_fp8*` and `fp8_arm` says which precision they hold.
 
 Writes compare.json, compare.md and compare.png (loss curves and differences) into --out. No figure is
 typed by hand: everything comes from the ab.json files, which are copied beside the outputs.
@@ -39,7 +41,8 @@ import shutil
 import statistics
 from pathlib import Path
 
-SPEED_TARGETS = {"stock_float8_fastest": 1.6, "stock_bf16": 1.45}
+SPEED_TARGETS = {"stock_float8_fastest": 1.6, "stock_bf16": 1.45}  # issue 14's, for mega_moe fp8
+FP8_ARMS = ("fp8", "fp8_bwd")  # the mega_moe precisions --fp8-arm takes
 
 
 def _resolved(arm: dict, key: str, default=None):
@@ -114,9 +117,9 @@ def _stats(signed: list[float]) -> dict:
             "mean_signed_last_half": statistics.fmean(signed[half:])}
 
 
-def loss_rule(arms: list[dict]) -> dict:
+def loss_rule(arms: list[dict], fp8: str = "fp8") -> dict:
     plain = lambda a: a["dense"] == "bf16 Linear"  # noqa: E731
-    mega8 = _pick(arms, lambda a: a["experts"] == "mega_moe fp8" and plain(a), "mega_moe fp8", longest=True)
+    mega8 = _pick(arms, lambda a: a["experts"] == f"mega_moe {fp8}" and plain(a), f"mega_moe {fp8}", longest=True)
     mega16 = _pick(arms, lambda a: a["experts"] == "mega_moe bf16" and plain(a), "mega_moe bf16", longest=True)
     stock16 = _pick(arms, lambda a: a["experts"] == "stock bf16" and plain(a), "stock bf16", longest=True)
     stock8 = _pick(arms, lambda a: a["stock_float8"], "a stock float8 recipe", longest=True)
@@ -173,32 +176,33 @@ def parting(steps: list[int], floor: list[float], pairs: dict) -> dict:
     return out
 
 
-def speed(arms: list[dict]) -> dict:
+def speed(arms: list[dict], fp8: str = "fp8") -> dict:
     # the fastest mega_moe fp8 arm, whatever its dense layers (the issue allows torchao's float8 Linear
     # there when it helps); its label says which ran
-    mega8 = _pick(arms, lambda a: a["experts"] == "mega_moe fp8", "mega_moe fp8")
+    mega8 = _pick(arms, lambda a: a["experts"] == f"mega_moe {fp8}", f"mega_moe {fp8}")
     bases = {"stock_float8_fastest": _pick(arms, lambda a: a["stock_float8"], "a stock float8 recipe"),
              "stock_bf16": _pick(arms, lambda a: a["experts"] == "stock bf16" and a["dense"] == "bf16 Linear",
                                  "stock bf16")}
     out = {"mega_moe_fp8": mega8["label"], "mega_moe_fp8_tps": mega8["tps_median"]}
     for name, base in bases.items():
         ratio = mega8["tps_median"] / base["tps_median"]
+        target = SPEED_TARGETS[name] if fp8 == "fp8" else None
         out[name] = {"label": base["label"], "tps": base["tps_median"], "ratio": ratio,
-                     "target": SPEED_TARGETS[name], "met": ratio >= SPEED_TARGETS[name]}
+                     "target": target, "met": None if target is None else ratio >= target}
     return out
 
 
-def loss_by_seed(arms: list[dict]) -> dict:
+def loss_by_seed(arms: list[dict], fp8: str = "fp8") -> dict:
     """The loss rule for each --seed the runs hold (a pair is only compared within one seed)."""
     seeds = sorted({a["seed"] for a in arms}, key=str)
-    return {str(seed): loss_rule([a for a in arms if a["seed"] == seed]) for seed in seeds}
+    return {str(seed): loss_rule([a for a in arms if a["seed"] == seed], fp8) for seed in seeds}
 
 
-def seeds_markdown(by_seed: dict) -> list[str]:
+def seeds_markdown(by_seed: dict, fp8: str = "fp8") -> list[str]:
     """One row per seed: an FP8 bias moves the signed means the same way in every seed, a chaotic
     divergence moves them either way."""
     lines = ["## Seeds (each seed's four arms compared among themselves)", "",
-             "| seed | steps | mega_moe fp8 - bf16, signed, second half | stock float8 - bf16, signed, second half "
+             f"| seed | steps | mega_moe {fp8} - bf16, signed, second half | stock float8 - bf16, signed, second half "
              "| bf16 floor, signed, second half | rule met |", "|---|---|---|---|---|---|"]
     pairs = ("mega_moe_fp8_vs_bf16", "stock_float8_vs_bf16", "bf16_floor")
     for seed, lr in by_seed.items():
@@ -208,15 +212,16 @@ def seeds_markdown(by_seed: dict) -> list[str]:
     mega = [lr["mega_moe_fp8_vs_bf16"]["mean_signed_last_half"] for lr in by_seed.values()]
     same = all(v < 0 for v in mega) or all(v > 0 for v in mega)
     signs = "the same sign in every" if same else "both signs across the"
-    lines += ["", f"mega_moe fp8's second-half offset has {signs} {len(mega)} seeds.", ""]
+    lines += ["", f"mega_moe {fp8}'s second-half offset has {signs} {len(mega)} seeds.", ""]
     return lines
 
 
 def markdown(result: dict) -> str:
-    sp, lr = result["speed"], result["loss"]
+    sp, lr, fp8 = result["speed"], result["loss"], result.get("fp8_arm", "fp8")
     seeds = list(result.get("loss_by_seed", {}))
     first_seed = f"; seed {seeds[0]} of {', '.join(seeds)}" if len(seeds) > 1 else ""
-    lines = ["# FP8 training targets (issue 14), from `titan-megamoe ab` runs", "",
+    title = "FP8 training targets (issue 14)" if fp8 == "fp8" else f"mega_moe {fp8} in training (no target)"
+    lines = [f"# {title}, from `titan-megamoe ab` runs", "",
              "| arm | A/B file | steps | tok/s (median) | step s | peak GiB | final loss |", "|---|---|---|---|---|---|---|"]
     for a in sorted(result["arms"], key=lambda a: -a["tps_median"]):
         lines.append(f"| {a['label']} | `{Path(a['source']).name}` ({a['arm']}) | {a['steps']} | "
@@ -224,9 +229,10 @@ def markdown(result: dict) -> str:
     lines += ["", "## Speed", ""]
     for name in SPEED_TARGETS:
         s = sp[name]
+        verdict = "no target" if s["target"] is None else \
+            f"target >= {s['target']}x: {'met' if s['met'] else 'MISSED'}"
         lines.append(f"- {sp['mega_moe_fp8']} ({sp['mega_moe_fp8_tps']:,.0f} tok/s) vs {s['label']} "
-                     f"({s['tps']:,.0f}): **{s['ratio']:.3f}x**, target >= {s['target']}x: "
-                     f"{'met' if s['met'] else 'MISSED'}")
+                     f"({s['tps']:,.0f}): **{s['ratio']:.3f}x**, {verdict}")
     lines += ["- arms of different A/B runs ran one after another in separate processes on the same GPU",
               "", f"## Loss over {lr['steps']} steps (per-step |difference| of the printed losses){first_seed}", "",
               "| pair | mean | median | max | mean, second half | signed mean | signed, second half |",
@@ -268,7 +274,7 @@ def markdown(result: dict) -> str:
                 gn = " / ".join("-" if g is None else f"{g:.2f}" for g in r["grad_norm"])
                 lines.append(f"| {r['step']} | {r['loss'][0]:.4f} / {r['loss'][1]:.4f} | {gn} |")
     if len(result.get("loss_by_seed", {})) > 1:
-        lines += ["", *seeds_markdown(result["loss_by_seed"])]
+        lines += ["", *seeds_markdown(result["loss_by_seed"], fp8)]
     lines += ["", "## Environment of each A/B file", ""]
     for source, env in {Path(a["source"]).name: a["environment"] for a in result["arms"]}.items():
         lines.append(f"- `{source}`: {env.get('date')}, {env.get('device')}, {json.dumps(env.get('versions'))}, "
@@ -289,8 +295,9 @@ def plot(result: dict, path: Path) -> None:
         ax_loss.plot(steps, ys, label=lr["arms"][name], linewidth=0.8)
     ax_loss.set_ylabel("loss")
     ax_loss.legend(fontsize=7)
-    ax_diff.plot(steps, [v["mega_moe"] for v in lr["per_step"].values()], label="|mega_moe fp8 - mega_moe bf16|",
-                 linewidth=0.8)
+    fp8 = result.get("fp8_arm", "fp8")
+    ax_diff.plot(steps, [v["mega_moe"] for v in lr["per_step"].values()],
+                 label=f"|mega_moe {fp8} - mega_moe bf16|", linewidth=0.8)
     ax_diff.plot(steps, [v["stock"] for v in lr["per_step"].values()], label="|stock float8 - stock bf16|",
                  linewidth=0.8)
     ax_diff.set_yscale("log")
@@ -306,6 +313,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="A/B output directories (or their ab.json)")
     p.add_argument("--out", required=True)
+    p.add_argument("--fp8-arm", choices=FP8_ARMS, default="fp8",
+                   help="the mega_moe precision set against mega_moe bf16 (default fp8, issue 14's targets)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -326,10 +335,10 @@ def main(argv=None) -> int:
         copies.append(dest)
         only[dest] = [a for a in arm_list.split(",") if a] or None
     arms = load_arms(copies, only)
-    by_seed = loss_by_seed(arms)
+    by_seed = loss_by_seed(arms, args.fp8_arm)
     # the sections above the seeds table (and the plot) show the first seed's runs
-    result = {"inputs": {c.name: only[c] or "all arms" for c in copies}, "arms": arms, "speed": speed(arms),
-              "loss": next(iter(by_seed.values())), "loss_by_seed": by_seed}
+    result = {"inputs": {c.name: only[c] or "all arms" for c in copies}, "fp8_arm": args.fp8_arm, "arms": arms,
+              "speed": speed(arms, args.fp8_arm), "loss": next(iter(by_seed.values())), "loss_by_seed": by_seed}
     (out / "compare.json").write_text(json.dumps(result, indent=1))
     (out / "compare.md").write_text(markdown(result))
     plot(result, out / "compare.png")

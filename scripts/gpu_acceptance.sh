@@ -151,6 +151,7 @@ stage mega_dense_float8 "${AB_FP8_LIMIT:-590}" python3 -m titan_megamoe.cli ab -
 # H100 on 2026-12-07). Pair `fp8_bwd` (not in the default), mega_moe bf16 against fp8_bwd, asks whether fp8's
 # forward or its backward moves a loss offset (the A/B's own report has its per-step loss difference).
 # `scripts/fp8_training_compare.py OUT/fp8_loss_*_{mega,stock}_*` compares the rule's pairs within each seed
+# (`--fp8-arm fp8_bwd` with the fp8_bwd pair's runs in place of mega's)
 fp8_loss() {  # config
   local config=$1 seed=${LOSS_SEED:-42} pair name
   local float8="$STOCK_FLOAT8_GROUPED --quantize.linear.float8.recipe_name rowwise"

@@ -99,3 +99,26 @@ def test_loss_rule_compares_arms_within_each_seed():
     assert "| 1 | 4 | -0.10000 | +0.01000 | +0.00000 |" in table and "both signs across the 2 seeds" in table
     same = cmp.seeds_markdown({"1": by_seed["1"], "3": by_seed["1"]})
     assert "the same sign in every 2 seeds" in "\n".join(same)
+
+
+def test_fp8_bwd_arm_takes_the_fp8_place_without_fp8_targets():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fp8_training_compare as cmp
+
+    base = [3.0, 2.5, 2.0, 1.8]
+    arms = [_arm("mega_moe bf16", 1, base), _arm("mega_moe fp8", 1, [v - 0.3 for v in base]),
+            _arm("mega_moe fp8_bwd", 1, [v + 0.05 for v in base]), _arm("stock bf16", 1, base),
+            _arm("stock bf16", 1, [v + 0.01 for v in base], stock_float8=True)]
+    arms[2]["tps_median"] = 2.0
+    for a in arms:
+        a.update(source="run/ab.json", arm="x", step_time_s=1.0, peak_memory_gib=1.0, final_loss=1.0, environment={})
+    # the rule holds fp8_bwd's pair, not fp8's (which is in the same runs)
+    lr = cmp.loss_by_seed(arms, "fp8_bwd")["1"]
+    assert lr["arms"]["mega_moe_fp8"] == "mega_moe fp8_bwd s1"
+    assert lr["mega_moe_fp8_vs_bf16"]["mean_signed"] == pytest.approx(0.05)
+    assert not lr["met"]["mean_abs"]  # 0.05 above stock float8's 0.01
+    sp = cmp.speed(arms, "fp8_bwd")
+    assert sp["stock_bf16"]["ratio"] == 2.0 and sp["stock_bf16"]["target"] is None and sp["stock_bf16"]["met"] is None
+    assert cmp.speed(arms)["stock_bf16"]["target"] == 1.45  # fp8 keeps issue 14's targets
+    md = cmp.markdown({"fp8_arm": "fp8_bwd", "arms": arms, "speed": sp, "loss": lr, "loss_by_seed": {"1": lr}})
+    assert md.startswith("# mega_moe fp8_bwd in training (no target)") and "2.000x**, no target" in md
