@@ -217,7 +217,7 @@ def seeds_markdown(by_seed: dict, fp8: str = "fp8") -> list[str]:
 
 
 def markdown(result: dict) -> str:
-    sp, lr, fp8 = result["speed"], result["loss"], result.get("fp8_arm", "fp8")
+    sp, lr, fp8 = result["speed"], result["loss"], result["fp8_arm"]
     seeds = list(result.get("loss_by_seed", {}))
     first_seed = f"; seed {seeds[0]} of {', '.join(seeds)}" if len(seeds) > 1 else ""
     title = "FP8 training targets (issue 14)" if fp8 == "fp8" else f"mega_moe {fp8} in training (no target)"
@@ -295,7 +295,7 @@ def plot(result: dict, path: Path) -> None:
         ax_loss.plot(steps, ys, label=lr["arms"][name], linewidth=0.8)
     ax_loss.set_ylabel("loss")
     ax_loss.legend(fontsize=7)
-    fp8 = result.get("fp8_arm", "fp8")
+    fp8 = result["fp8_arm"]
     ax_diff.plot(steps, [v["mega_moe"] for v in lr["per_step"].values()],
                  label=f"|mega_moe {fp8} - mega_moe bf16|", linewidth=0.8)
     ax_diff.plot(steps, [v["stock"] for v in lr["per_step"].values()], label="|stock float8 - stock bf16|",
