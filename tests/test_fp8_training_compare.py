@@ -122,3 +122,32 @@ def test_fp8_bwd_arm_takes_the_fp8_place_without_fp8_targets():
     assert cmp.speed(arms)["stock_bf16"]["target"] == 1.45  # fp8 keeps issue 14's targets
     md = cmp.markdown({"fp8_arm": "fp8_bwd", "arms": arms, "speed": sp, "loss": lr, "loss_by_seed": {"1": lr}})
     assert md.startswith("# mega_moe fp8_bwd in training (no target)") and "2.000x**, no target" in md
+
+
+def test_float8_target_is_undecided_until_all_four_stock_variants_ran():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fp8_training_compare as cmp
+
+    base = [3.0, 2.5]
+    arms = [_arm("mega_moe bf16", 1, base), _arm("mega_moe fp8", 1, base), _arm("stock bf16", 1, base)]
+    arms[1]["tps_median"] = 2.0
+    variants = [_arm(experts, 1, base, stock_float8=True) for experts, _ in cmp.STOCK_FLOAT8_VARIANTS]
+    for v, (_, dense), tps in zip(variants, cmp.STOCK_FLOAT8_VARIANTS, (1.0, 1.1, 0.9, 1.3)):
+        v.update(dense=dense, tps_median=tps, label=f"{v['experts']} + {dense}")
+    for a in arms + variants:
+        a.update(source="run/ab.json", arm="x", step_time_s=1.0, peak_memory_gib=1.0, final_loss=1.0, environment={})
+    # one variant, slow enough for 2.0x: met against it, but the target names the fastest of four
+    one = cmp.speed(arms + variants[2:3])["stock_float8_fastest"]
+    assert one["ratio"] == pytest.approx(2.0 / 0.9) and one["met"] is None and one["met_among_given"] is True
+    assert len(one["variants_missing"]) == 3 and "stock bf16 + float8 Linear tensorwise" in one["variants_missing"]
+    md = cmp.markdown({"fp8_arm": "fp8", "arms": arms + variants[2:3], "speed": cmp.speed(arms + variants[2:3]),
+                       "loss": cmp.loss_by_seed(arms + variants[2:3])["1"]})
+    assert "not decided, met against the 1 of stock's four float8 variants given (missing:" in md
+    # missed against a variant given: missed (a missing variant can only be faster)
+    arms[1]["tps_median"] = 1.2
+    missed = cmp.speed(arms + variants[2:3])["stock_float8_fastest"]
+    assert missed["met"] is False and "met_among_given" not in missed
+    # all four: the fastest (1.3) decides, 2.0 / 1.3 < 1.6
+    four = cmp.speed(arms + variants)["stock_float8_fastest"]
+    assert four["tps"] == 1.3 and four["met"] is False and four["variants_missing"] == []
+    assert "met_among_given" not in four
