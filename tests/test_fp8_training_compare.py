@@ -72,7 +72,8 @@ def test_compare_names_arms_and_computes_targets(tmp_path):
 
 
 def _arm(experts, seed, losses, stock_float8=False):
-    return {"experts": experts, "dense": "bf16 Linear", "stock_float8": stock_float8, "label": f"{experts} s{seed}",
+    dense = "float8 Linear rowwise" if stock_float8 else "bf16 Linear"
+    return {"experts": experts, "dense": dense, "stock_float8": stock_float8, "label": f"{experts} s{seed}",
             "seed": seed, "steps": len(losses), "tps_median": 1.0, "max_norm": 1.0,
             "losses": dict(enumerate(losses, 1)), "grad_norms": dict.fromkeys(range(1, len(losses) + 1), 0.5)}
 
@@ -130,24 +131,36 @@ def test_float8_target_is_undecided_until_all_four_stock_variants_ran():
 
     base = [3.0, 2.5]
     arms = [_arm("mega_moe bf16", 1, base), _arm("mega_moe fp8", 1, base), _arm("stock bf16", 1, base)]
-    arms[1]["tps_median"] = 2.0
     variants = [_arm(experts, 1, base, stock_float8=True) for experts, _ in cmp.STOCK_FLOAT8_VARIANTS]
     for v, (_, dense), tps in zip(variants, cmp.STOCK_FLOAT8_VARIANTS, (1.0, 1.1, 0.9, 1.3)):
         v.update(dense=dense, tps_median=tps, label=f"{v['experts']} + {dense}")
     for a in arms + variants:
         a.update(source="run/ab.json", arm="x", step_time_s=1.0, peak_memory_gib=1.0, final_loss=1.0, environment={})
-    # one variant, slow enough for 2.0x: met against it, but the target names the fastest of four
-    one = cmp.speed(arms + variants[2:3])["stock_float8_fastest"]
+
+    def fastest(mega_tps, given):
+        arms[1]["tps_median"] = mega_tps
+        sp = cmp.speed(arms + given)
+        md = cmp.markdown({"fp8_arm": "fp8", "arms": arms + given, "speed": sp,
+                           "loss": cmp.loss_by_seed(arms + given)["1"]})
+        return sp["stock_float8_fastest"], md
+
+    # one variant (0.9 tok/s): 2.0 / 0.9 meets 1.6x against it, but the target names the fastest of four
+    one, md = fastest(2.0, variants[2:3])
     assert one["ratio"] == pytest.approx(2.0 / 0.9) and one["met"] is None and one["met_among_given"] is True
-    assert len(one["variants_missing"]) == 3 and "stock bf16 + float8 Linear tensorwise" in one["variants_missing"]
-    md = cmp.markdown({"fp8_arm": "fp8", "arms": arms + variants[2:3], "speed": cmp.speed(arms + variants[2:3]),
-                       "loss": cmp.loss_by_seed(arms + variants[2:3])["1"]})
+    assert one["variants_missing"] == [f"{e} + {d}" for e, d in cmp.STOCK_FLOAT8_VARIANTS if e != "stock float8 "
+                                       "rowwise grouped_mm" or d != "float8 Linear tensorwise"]
     assert "not decided, met against the 1 of stock's four float8 variants given (missing:" in md
-    # missed against a variant given: missed (a missing variant can only be faster)
-    arms[1]["tps_median"] = 1.2
-    missed = cmp.speed(arms + variants[2:3])["stock_float8_fastest"]
-    assert missed["met"] is False and "met_among_given" not in missed
-    # all four: the fastest (1.3) decides, 2.0 / 1.3 < 1.6
-    four = cmp.speed(arms + variants)["stock_float8_fastest"]
-    assert four["tps"] == 1.3 and four["met"] is False and four["variants_missing"] == []
-    assert "met_among_given" not in four
+    # two variants, missed against the faster (1.2 / 1.1 < 1.6): missed whatever the other two do
+    two, md = fastest(1.2, variants[1:3])
+    assert two["tps"] == 1.1 and two["met"] is False and two["met_among_given"] is False
+    assert "MISSED (2 of stock's four float8 variants given; the fastest of the four is no slower" in md
+    # all four: the fastest (1.3) decides either way, met or missed
+    for mega_tps, met in ((2.2, True), (2.0, False)):
+        four, md = fastest(mega_tps, variants)
+        assert four["tps"] == 1.3 and four["met"] is met and four["variants_missing"] == []
+        assert f"target >= 1.6x: {'met' if met else 'MISSED'}" in md and "not decided" not in md
+    # a variant compiled unlike the mega_moe arm, or a float8 recipe that is not one of the four, is no base
+    odd = [dict(variants[3], compiled=True), dict(variants[0], dense="bf16 Linear", tps_median=0.1)]
+    assert fastest(2.0, variants[:3] + odd)[0]["tps"] == 1.1
+    with pytest.raises(SystemExit, match="one of stock's four float8 variants"):
+        fastest(2.0, odd)
