@@ -252,15 +252,16 @@ def markdown(result: dict) -> str:
     lines += ["", "## Speed", ""]
     for name in SPEED_TARGETS:
         s = sp[name]
-        verdict = "no target" if s["target"] is None else \
-            f"target >= {s['target']}x: {'met' if s['met'] else 'MISSED'}"
-        if s.get("variants_missing") and s["target"] is not None:
+        if s["target"] is None:
+            verdict = "no target"
+        elif not s.get("variants_missing"):
+            verdict = f"target >= {s['target']}x: {'met' if s['met'] else 'MISSED'}"
+        else:
             given = f"{len(s['variants_given'])} of stock's four float8 variants given"
             missing = f"missing: {', '.join(s['variants_missing'])}"
-            verdict = (f"target >= {s['target']}x (against the fastest of the four): MISSED ({given}; the fastest "
-                       f"of the four is no slower than those; {missing})" if s["met"] is False else
-                       f"target >= {s['target']}x (against the fastest of the four): not decided, met against the "
-                       f"{given} ({missing})")
+            verdict = f"target >= {s['target']}x (against the fastest of the four): " + (
+                f"MISSED ({given}; the fastest of the four is no slower than those; {missing})" if s["met"] is False
+                else f"not decided, met against the {given} ({missing})")
         lines.append(f"- {sp['mega_moe_fp8']} ({sp['mega_moe_fp8_tps']:,.0f} tok/s) vs {s['label']} "
                      f"({s['tps']:,.0f}): **{s['ratio']:.3f}x**, {verdict}")
     lines += ["- arms of different A/B runs ran one after another in separate processes on the same GPU",

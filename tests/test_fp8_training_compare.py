@@ -159,8 +159,9 @@ def test_float8_target_is_undecided_until_all_four_stock_variants_ran():
         four, md = fastest(mega_tps, variants)
         assert four["tps"] == 1.3 and four["met"] is met and four["variants_missing"] == []
         assert f"target >= 1.6x: {'met' if met else 'MISSED'}" in md and "not decided" not in md
-    # a variant compiled unlike the mega_moe arm, or a float8 recipe that is not one of the four, is no base
-    odd = [dict(variants[3], compiled=True), dict(variants[0], dense="bf16 Linear", tps_median=0.1)]
+    # a variant compiled unlike the mega_moe arm, or stock's float8 grouped_mm with bf16 Linear (not one of
+    # the four), is no base
+    odd = [dict(variants[3], compiled=True), dict(variants[2], dense="bf16 Linear", tps_median=0.1)]
     assert fastest(2.0, variants[:3] + odd)[0]["tps"] == 1.1
     with pytest.raises(SystemExit, match="one of stock's four float8 variants"):
         fastest(2.0, odd)
