@@ -48,7 +48,8 @@ One JSON row per (case, precision):
   fused_stock_router_{fwd,fwdbwd,fwd_b2b,fwdbwd_b2b}_speedup                 (the headline: experts alone)
   vs_bf16_fwd, vs_bf16_fwdbwd, fused_stock_router_vs_bf16_{fwd,fwdbwd}       (non-bf16 rows, bf16 measured:
                                                                               bf16 fused ms / this row's ms)
-  with --sac: stock_sac_*, fused_sac_recompute_*, fused_sac_save_* (_fwdbwd_ms, _peak_gib) or sac_skipped
+  with --sac: stock_sac_*, fused_sac_recompute_*, fused_sac_save_*, stock_full_ac_*, fused_full_ac_* (_fwdbwd_ms,
+             _peak_gib; full_ac: the layer under full activation checkpointing) or sac_skipped
 
     python scripts/bench_layer.py                                  # every default case, bf16
     python scripts/bench_layer.py --precision bf16,fp8,fp8_bwd      # the precision column
@@ -327,6 +328,15 @@ def peak_mem_gib(fn, layer):
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
+def full_ac_fwd_bwd(layer, x, dout):
+    """forward+backward under full activation checkpointing, as TorchTitan's `mode = "full"` wraps a block
+    (non-reentrant `torch.utils.checkpoint`): the backward recomputes what it needs of the forward."""
+    from torch.utils.checkpoint import checkpoint
+
+    x = x.detach().requires_grad_(True)
+    checkpoint(layer, x, use_reentrant=False).backward(dout)
+
+
 def sac_fwd_bwd(layer, x, dout, save_ops):
     """forward+backward under op-level selective AC saving `save_ops` (like qwen3's op-SAC)."""
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
@@ -463,6 +473,9 @@ def time_arms(rows, layers, stock, x, dout, warmup, iters, rounds, with_sac, cas
         fn = functools.partial(sac_fwd_bwd, stock, x, dout, set(_op_sac_save_list))
         stock_fields["stock_sac_fwdbwd_ms"] = time_ms(fn, warmup, iters)[0]
         stock_fields["stock_sac_peak_gib"] = peak_mem_gib(fn, stock)
+        fn = functools.partial(full_ac_fwd_bwd, stock, x, dout)
+        stock_fields["stock_full_ac_fwdbwd_ms"] = time_ms(fn, warmup, iters)[0]
+        stock_fields["stock_full_ac_peak_gib"] = peak_mem_gib(fn, stock)
     for p, layer in layers.items():
         row = rows[p]
         row["rounds"] = rounds
@@ -487,7 +500,7 @@ def time_sac(row, layer, x, dout, warmup, iters):
     from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 
     layer.fused_router = True  # as the fused arm (under SAC's dispatch mode the layer uses the stock router)
-    fused_op = torch.ops.titan_megamoe.moe_forward.default
+    fused_op = torch.ops.titan_megamoe.moe_up.default
     variants = {"fused_sac_recompute": set(_op_sac_save_list), "fused_sac_save": set(_op_sac_save_list) | {fused_op}}
     try:
         for key, ops in variants.items():
@@ -496,6 +509,11 @@ def time_sac(row, layer, x, dout, warmup, iters):
             row[f"{key}_peak_gib"] = peak_mem_gib(fn, layer)
     except (NotImplementedError, ValueError) as e:  # e.g. a precision the custom op does not run yet
         row["sac_skipped"] = one_line(e)
+        return
+    # full AC runs the eager path (no dispatch mode) with the fused router, as the `fused` arm does
+    fn = functools.partial(full_ac_fwd_bwd, layer, x, dout)
+    row["fused_full_ac_fwdbwd_ms"], _ = time_ms(fn, warmup, iters)
+    row["fused_full_ac_peak_gib"] = peak_mem_gib(fn, layer)
 
 
 def add_rates(row, case):
@@ -570,6 +588,10 @@ def print_table(results):
             print(f"{'':<24}op-SAC: stock {r['stock_sac_fwdbwd_ms']:.2f} ms {r['stock_sac_peak_gib']:.2f} GiB | fused "
                   f"recompute {r['fused_sac_recompute_fwdbwd_ms']:.2f} ms {r['fused_sac_recompute_peak_gib']:.2f} GiB"
                   f" | fused save {r['fused_sac_save_fwdbwd_ms']:.2f} ms {r['fused_sac_save_peak_gib']:.2f} GiB")
+        if "fused_full_ac_fwdbwd_ms" in r:
+            print(f"{'':<24}full AC: stock {r['stock_full_ac_fwdbwd_ms']:.2f} ms {r['stock_full_ac_peak_gib']:.2f} GiB"
+                  f" | fused {r['fused_full_ac_fwdbwd_ms']:.2f} ms {r['fused_full_ac_peak_gib']:.2f} GiB (a whole "
+                  f"recompute would be {r['fused_fwdbwd_ms'] + r['fused_fwd_ms']:.2f} ms)")
 
 
 def parse_precisions(text, ap):
@@ -596,7 +618,8 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleave the arms: each round times every arm once, --iters split over the rounds")
-    ap.add_argument("--sac", action="store_true", help="also time op-level selective AC (recompute vs save)")
+    ap.add_argument("--sac", action="store_true",
+                    help="also time activation checkpointing: op-level selective (recompute vs save) and full")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="start no case once this many seconds have passed (those cases are recorded as not run)")
     ap.add_argument("--out", default="docs/results", help="directory for the JSON file")

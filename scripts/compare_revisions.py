@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Bitwise comparison of two revisions of the fused op on the GPU test shapes.
 
-Two revisions of the package cannot share a process (both register the `titan_megamoe::moe_forward`
-custom op), so each run writes a fingerprint of every output and gradient (SHA-256 of the bytes, plus
+Two revisions of the package cannot share a process (both register the `titan_megamoe::` custom
+ops), so each run writes a fingerprint of every output and gradient (SHA-256 of the bytes, plus
 sum and max |x| in float64 for a size of any difference) and a third call compares two fingerprints:
 
     PYTHONPATH=old_checkout python3 scripts/compare_revisions.py --save old.json

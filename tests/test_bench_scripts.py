@@ -100,7 +100,7 @@ def test_whole_benchmark_on_a_tiny_case_writes_json_and_table(on_cpu, monkeypatc
     path, data = run_bench(bench, monkeypatch, tmp_path, {"tiny": (24, 32, 32, 4, 2, "skewed")},
                            "--iters", "1", "--warmup", "0", "--rounds", "2", "--sac")
     out = capsys.readouterr().out
-    assert "back-to-back" in out and "stock router" in out and "op-SAC" in out
+    assert "back-to-back" in out and "stock router" in out and "op-SAC" in out and "full AC" in out
     assert "[bench 1/1] tiny bf16: f+b" in out  # the per-case progress line
     (r,) = data["results"]
     assert r["rounds"] == 2 and max(r["rel_l2_vs_stock"].values()) < 5e-2
@@ -118,6 +118,7 @@ def test_whole_benchmark_on_a_tiny_case_writes_json_and_table(on_cpu, monkeypatc
     spec.loader.exec_module(tables)
     text = "\n".join(tables.bench_section(path))
     assert "tiny, back-to-back" in text and "tiny, fused experts + stock router" in text
+    assert r["stock_full_ac_fwdbwd_ms"] > 0 and r["fused_full_ac_fwdbwd_ms"] > 0 and "Under full AC" in text
 
 
 def test_default_cases_cover_the_acceptance_list(bench):

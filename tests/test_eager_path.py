@@ -15,7 +15,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton inter
 
 
 def _via_custom_op(x, ids, s, w1, w2, w3):
-    return torch.ops.titan_megamoe.moe_forward(x, ids, s, w1, w2, w3, "bf16", "triton")[0]
+    link, h, *residuals = torch.ops.titan_megamoe.moe_up(x, ids, s, w1, w2, w3, "bf16", "triton")
+    return torch.ops.titan_megamoe.moe_down(link, s, w2, [h], residuals[-1], "bf16", "triton")
 
 
 def _via_moe(x, ids, s, w1, w2, w3):
@@ -33,19 +34,21 @@ def test_eager_path_equals_custom_op_bitwise(routing):
 
 @pytest.fixture
 def forward_calls(monkeypatch):
-    calls = []
-    real = pipeline.fused_moe_forward
+    """How often each forward step ran: {"up": [...], "down": [...]} (the routing plan and GEMM1; GEMM2)."""
+    calls = {"up": [], "down": []}
+    for step in calls:
+        real = getattr(pipeline, f"fused_moe_{step}")
 
-    def counting(*args):
-        calls.append(1)
-        return real(*args)
+        def counting(*args, _real=real, _calls=calls[step]):
+            _calls.append(1)
+            return _real(*args)
 
-    monkeypatch.setattr(pipeline, "fused_moe_forward", counting)
+        monkeypatch.setattr(pipeline, f"fused_moe_{step}", counting)
     return calls
 
 
 def _sac_fwd_bwd(case, dout, save_op: bool):
-    op = torch.ops.titan_megamoe.moe_forward.default
+    op = torch.ops.titan_megamoe.moe_up.default
 
     def policy(ctx, func, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if save_op and func is op else CheckpointPolicy.PREFER_RECOMPUTE
@@ -59,9 +62,43 @@ def test_selective_checkpointing_sees_the_op(forward_calls, save_op, expected_ca
     case = make_case(19, 64, 32, 4, 2, device=DEVICE, seed=7)
     dout = torch.randn_like(case.x)
     got = _sac_fwd_bwd(case, dout, save_op)
-    assert len(forward_calls) == expected_calls, "SAC must save (1 run) or recompute (2 runs) the fused op"
-    forward_calls.clear()
+    assert len(forward_calls["up"]) == expected_calls, "SAC must save (1 run) or recompute (2 runs) the fused op"
+    assert len(forward_calls["down"]) == 1, "the recompute stops before GEMM2: the backward needs none of its work"
+    for calls in forward_calls.values():
+        calls.clear()
     want = forward_backward(_via_moe, case, dout)
-    assert len(forward_calls) == 1, "plain eager runs the pipeline once"
+    assert len(forward_calls["up"]) == len(forward_calls["down"]) == 1, "plain eager runs the pipeline once"
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+def _block(precision):
+    """A transformer block's MoE half as TorchTitan's full activation checkpointing wraps it: the output
+    only feeds a residual add, which saves nothing for the backward."""
+
+    def block(x, ids, s, w1, w2, w3):
+        return x + titan_megamoe.moe(x, ids, s, w1, w2, w3, backend="triton", precision=precision)
+
+    return lambda *a: checkpoint(block, *a, use_reentrant=False)
+
+
+@pytest.mark.parametrize("precision,compile_backend", [("bf16", None), ("bf16", "aot_eager"), ("fp8", None),
+                                                       ("fp8", "aot_eager")])
+def test_full_checkpointing_recomputes_no_gemm2(forward_calls, precision, compile_backend):
+    """Under full activation checkpointing the backward's recompute runs the routing plan and GEMM1 (the
+    residuals) again but not GEMM2 and the combine, whose output the backward does not need: eager (the
+    recompute stops early once the residuals are saved) and compiled (the partitioner leaves `moe_down`
+    out of the backward graph). Results bitwise those without checkpointing."""
+    D = H = 128 if precision == "fp8" else 32
+    case = make_case(11, D, H, 3, 2, device=DEVICE, seed=9)
+    dout = torch.randn(case.x.shape, generator=torch.Generator().manual_seed(4)).to(case.x)
+    fn = _block(precision)
+    if compile_backend is not None:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True, backend=compile_backend)
+    got = forward_backward(fn, case, dout)
+    assert len(forward_calls["up"]) == 2 and len(forward_calls["down"]) == 1, forward_calls
+    want = forward_backward(lambda x, *a: x + titan_megamoe.moe(x, *a, backend="triton", precision=precision),
+                            case, dout)
     for key in want:
         assert torch.equal(got[key], want[key]), key

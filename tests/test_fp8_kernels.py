@@ -110,7 +110,7 @@ def test_fp8_is_measurably_fp8():
 @pytest.mark.skipif(GPU, reason="records the interpreter's launches (the GPU path's weight copies are Gluon kernels)")
 def test_fp8_forward_launches_the_weight_copies_before_the_routing_plan(monkeypatch):
     """The weight copies need no routing: launched first, the GPU runs them while the host builds the plan
-    (`pipeline.fused_moe_forward`). bf16 launches none."""
+    (`pipeline.fused_moe_up`). bf16 launches none."""
     import triton.runtime.interpreter as interpreter
 
     launched = []

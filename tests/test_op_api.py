@@ -100,13 +100,15 @@ def test_fake_impl_gives_shapes_for_compile():
     case = make_case(6, 32, 16, 4, 2)
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(t) for t in case.inputs()]
-        out, g, u, meta = torch.ops.titan_megamoe.moe_forward(*fake, "bf16", "triton")
+        link, h, g, u, meta = torch.ops.titan_megamoe.moe_up(*fake, "bf16", "triton")
+        out = torch.ops.titan_megamoe.moe_down(link, fake[2], fake[4], [h], meta, "bf16", "triton")
     from titan_megamoe.kernels.configs import row_block_m
     from titan_megamoe.plan import max_tiles
 
     # order + inverse (N each), offsets (E+1), tile expert + tile row (n_tiles each), the ids-in-range flag
     n_tiles = max_tiles(12, 4, row_block_m())
-    assert out.shape == (6, 32) and g.shape == u.shape == (12, 16) and meta.shape == (2 * 12 + 5 + 2 * n_tiles + 1,)
+    assert link.shape == out.shape == (6, 32) and link.stride() == (0, 0) and out.is_contiguous()
+    assert h.shape == g.shape == u.shape == (12, 16) and meta.shape == (2 * 12 + 5 + 2 * n_tiles + 1,)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8", "fp8_bwd"])
@@ -118,10 +120,15 @@ def test_fake_impl_matches_the_real_outputs(precision):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     case = make_case(9, 256, 128, 3, 2, dtype=torch.bfloat16, device=dev)
     with FakeTensorMode() as mode:
-        fake = torch.ops.titan_megamoe.moe_forward(*[mode.from_tensor(t) for t in case.inputs()], precision, "triton")
-    real = torch.ops.titan_megamoe.moe_forward(*case.inputs(), precision, "triton")
-    assert len(fake) == len(real) == (10 if precision == "fp8" else 4)
-    assert [(tuple(t.shape), t.dtype) for t in fake] == [(tuple(t.shape), t.dtype) for t in real]
+        fake = torch.ops.titan_megamoe.moe_up(*[mode.from_tensor(t) for t in case.inputs()], precision, "triton")
+    real = torch.ops.titan_megamoe.moe_up(*case.inputs(), precision, "triton")
+    # the link, GEMM2's operands (h; under fp8 h and W2 in e4m3 with their scales), g, u, (fp8: W1^T, W2^T,
+    # W3^T with their scales), the packed plan
+    assert len(fake) == len(real) == (14 if precision == "fp8" else 5)
+    def meta(tensors):
+        return [(tuple(t.shape), t.stride(), t.dtype) for t in tensors]
+
+    assert meta(fake) == meta(real)
 
 
 def test_triton_backend_names_unaligned_dims_and_the_fix():

@@ -323,7 +323,7 @@ def test_dcp_checkpoint_round_trip_stock_mega_stock(tmp_path):
 def test_save_under_sac_edits_qwen3_save_list():
     from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 
-    op = torch.ops.titan_megamoe.moe_forward.default
+    op = torch.ops.titan_megamoe.moe_up.default
     try:
         build_and_convert("--mega_moe.enable", "--mega_moe.save_under_sac")
         assert op in _op_sac_save_list

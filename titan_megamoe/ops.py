@@ -1,19 +1,27 @@
-"""The public `moe` function, the fused op as a torch.library custom op, and its one autograd path.
+"""The public `moe` function, the fused op as torch.library custom ops, and its one autograd path.
 
-`titan_megamoe::moe_forward` runs the Triton pipeline and returns the output followed by the residuals
-the backward needs (`pipeline.residual_specs`: gate and up in expert-sorted order; under `fp8` the
-block-FP8 W1^T, W2^T, W3^T, data and scale each; the packed routing plan). Because the residuals are op outputs, op-level selective activation checkpointing can save the
-whole op (see `integrations.torchtitan`) or recompute it like stock's grouped GEMMs. The fake
-implementations make the op traceable by torch.compile; they take every shape and dtype from the
-pipeline and the precision recipe.
+The forward is two ops. `titan_megamoe::moe_up` (the routing plan, GEMM1 + SwiGLU) returns a "link",
+GEMM2's operands and the residuals the backward needs (`pipeline.residual_specs`: gate and up in
+expert-sorted order; under `fp8` the block-FP8 W1^T, W2^T, W3^T, data and scale each; the packed routing
+plan); `titan_megamoe::moe_down` (GEMM2, the score-weighted combine) turns them into the output. moe_up
+carries the whole fused backward (`titan_megamoe::moe_backward`); moe_down hands the output's gradient
+back to it through the link, a [T, D] tensor with every stride 0 (no memory). Why two: under activation
+checkpointing the backward recomputes only what it needs, and it needs moe_up's outputs, never
+moe_down's. Eager non-reentrant checkpointing stops its recompute once moe_up has saved its tensors, and
+torch.compile's partitioner leaves moe_down out of the backward graph, so GEMM2 and the combine run once
+per step instead of twice (`tests/test_eager_path.py::test_full_checkpointing_recomputes_no_gemm2`; at
+30B-A3B T=16384 bf16 on an H100 GEMM2 took 0.73 ms of a ~2.7 ms forward, docs/kernels.md). Because the residuals are op
+outputs, op-level selective activation checkpointing can save moe_up (see `integrations.torchtitan`) or
+recompute it like stock's grouped GEMMs. The fake implementations make the ops traceable by
+torch.compile; they take every shape and dtype from the pipeline and the precision recipe.
 
-In plain eager mode `moe()` skips the dispatcher: an autograd.Function calls the same pipeline
-functions directly. torch's custom-op autograd wrapper costs ~100 us of host time per forward (measured
-on CPU; `torch._library.utils.fill_defaults` alone rebuilds the schema's argument list per argument),
-and in the forward that host time is GPU idle time before GEMM1. Whenever something may need to see the
-op (torch.compile tracing, or any TorchDispatchMode such as selective activation checkpointing's caching
-mode or FakeTensorMode) the custom op is used, so SAC can save or recompute it and compile can trace it.
-Both paths save the same tensors and run the same backward (`_save`, `_gradients`).
+In plain eager mode `moe()` skips the dispatcher: two autograd.Functions call the same pipeline functions
+directly. torch's custom-op autograd wrapper costs ~100 us of host time per forward (measured on CPU;
+`torch._library.utils.fill_defaults` alone rebuilds the schema's argument list per argument), and in the
+forward that host time is GPU idle time before GEMM1. Whenever something may need to see the ops
+(torch.compile tracing, or any TorchDispatchMode such as selective activation checkpointing's caching
+mode or FakeTensorMode) the custom ops are used, so SAC can save or recompute them and compile can trace
+them. Both paths save the same tensors and run the same backward (`_save`, `_gradients`).
 
 The reference backend is plain differentiable PyTorch (autograd records it like stock's MoE), not
 a custom op: a custom op's implementation runs below autograd, and the reference is most useful as an
@@ -64,8 +72,15 @@ def _kernel_recipe(precision: str, device: torch.device | None = None) -> Recipe
     return recipe
 
 
-@torch.library.custom_op(f"{_LIB}::moe_forward", mutates_args=())
-def moe_forward(
+def _link(x_TD: torch.Tensor) -> torch.Tensor:
+    """The forward's first step's differentiable output: [T, D] with every stride 0 (no memory). The second
+    step takes it as an input and hands the output's gradient back through it unchanged, so that the
+    first step's backward (the whole fused backward) receives dout."""
+    return x_TD.new_empty(()).expand(x_TD.shape)
+
+
+@torch.library.custom_op(f"{_LIB}::moe_up", mutates_args=())
+def moe_up(
     x_TD: torch.Tensor,
     topk_ids_TK: torch.Tensor,
     topk_scores_TK: torch.Tensor,
@@ -75,21 +90,46 @@ def moe_forward(
     precision: str,
     backend: str,
 ) -> list[torch.Tensor]:
+    """[link, GEMM2's operands..., residuals...]: the routing plan and GEMM1 + SwiGLU."""
     # host check on CPU (or TITAN_MEGAMOE_DEBUG=1); on CUDA the pipeline asserts asynchronously
     check_expert_ids(topk_ids_TK, w1_EHD.shape[0], device_check=False)
-    from .pipeline import fused_moe_forward
+    from .pipeline import fused_moe_up
 
-    out, residuals = fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
-                                       _kernel_recipe(precision, x_TD.device))
-    return [out, *residuals]
+    down, residuals, _ = fused_moe_up(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
+                                      _kernel_recipe(precision, x_TD.device))
+    return [_link(x_TD), *down, *residuals]
 
 
-@moe_forward.register_fake
+@moe_up.register_fake
 def _(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, precision, backend):
-    from .pipeline import residual_specs
+    from .pipeline import down_specs, residual_specs
 
-    specs = residual_specs(x_TD, topk_ids_TK, w1_EHD, _kernel_recipe(precision))
-    return [x_TD.new_empty(x_TD.shape), *(x_TD.new_empty(shape, dtype=dtype) for shape, dtype in specs)]
+    recipe = _kernel_recipe(precision)
+    specs = [*down_specs(x_TD, topk_ids_TK, w1_EHD, recipe), *residual_specs(x_TD, topk_ids_TK, w1_EHD, recipe)]
+    return [_link(x_TD), *(x_TD.new_empty(shape, dtype=dtype) for shape, dtype in specs)]
+
+
+@torch.library.custom_op(f"{_LIB}::moe_down", mutates_args=())
+def moe_down(
+    link_TD: torch.Tensor,
+    topk_scores_TK: torch.Tensor,
+    w2_EDH: torch.Tensor,
+    down: list[torch.Tensor],
+    packed_plan: torch.Tensor,
+    precision: str,
+    backend: str,
+) -> torch.Tensor:
+    """out [T, D] in x's dtype: GEMM2 and the score-weighted combine, from `moe_up`'s outputs."""
+    from .pipeline import fused_moe_down, restore_dispatch
+
+    recipe = _kernel_recipe(precision, link_TD.device)
+    d = restore_dispatch(topk_scores_TK, packed_plan, w2_EDH.shape[0], recipe)
+    return fused_moe_down(down, d, w2_EDH, recipe, link_TD.dtype)
+
+
+@moe_down.register_fake
+def _(link_TD, topk_scores_TK, w2_EDH, down, packed_plan, precision, backend):
+    return link_TD.new_empty(link_TD.shape)
 
 
 @torch.library.custom_op(f"{_LIB}::moe_backward", mutates_args=())
@@ -137,22 +177,38 @@ def _gradients(ctx, dout, backward_fn):
     return backward_fn(dout, x, ids, scores, w1, w2, w3, list(saved[ctx.num_inputs:]), ctx.precision, ctx.backend)
 
 
-def _setup_context(ctx, inputs, output):
+def _down_count(precision: str) -> int:
+    from .pipeline import down_proj_count
+
+    return down_proj_count(recipe_for(precision))
+
+
+def _up_setup_context(ctx, inputs, output):
     *tensors, precision, backend = inputs
-    _save(ctx, tensors, output[1:], precision, backend)
-    # the residual outputs carry no gradient: without these two lines autograd materialises zero
-    # gradients for them (two [N, H] fills, measured 0.12 ms per backward at the 30B shape)
+    _save(ctx, tensors, output[1 + _down_count(precision):], precision, backend)
+    # GEMM2's operands and the residuals carry no gradient: without these two lines autograd materialises
+    # zero gradients for them (two [N, H] fills, measured 0.12 ms per backward at the 30B shape)
     ctx.mark_non_differentiable(*output[1:])
     # ... and since they never get one, autograd must not fill zeros for them either (it does by default)
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grads):
+def _up_backward(ctx, grads):
     dx, ds, dw1, dw2, dw3 = _gradients(ctx, grads[0], moe_backward)
     return dx, None, ds, dw1, dw2, dw3, None, None
 
 
-moe_forward.register_autograd(_backward, setup_context=_setup_context)
+def _down_setup_context(ctx, inputs, output):
+    ctx.num_down = len(inputs[3])
+
+
+def _down_backward(ctx, dout):
+    # the output's gradient to the link: moe_up's backward computes every gradient
+    return dout, None, None, [None] * ctx.num_down, None, None, None
+
+
+moe_up.register_autograd(_up_backward, setup_context=_up_setup_context)
+moe_down.register_autograd(_down_backward, setup_context=_down_setup_context)
 
 
 def _pipeline_backward(dout, x, ids, scores, w1, w2, w3, residuals, precision, backend):
@@ -161,23 +217,41 @@ def _pipeline_backward(dout, x, ids, scores, w1, w2, w3, residuals, precision, b
     return fused_moe_backward(dout, x, ids, scores, w1, w2, w3, residuals, _kernel_recipe(precision))
 
 
-class _FusedMoEEager(torch.autograd.Function):
-    """The Triton pipeline under autograd without the dispatcher (plain eager mode only: see the module
-    docstring). Same kernels, same residuals, same results as the custom op."""
+class _MoEUpEager(torch.autograd.Function):
+    """`moe_up` under autograd without the dispatcher (plain eager mode only: see the module docstring).
+    Same kernels, same residuals, same results as the custom ops. Returns (link, the dispatch, GEMM2's
+    operands...): the dispatch object itself, which the custom ops remake from the packed plan."""
 
     @staticmethod
     def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe):
-        from .pipeline import fused_moe_forward
+        from .pipeline import fused_moe_up
 
-        out, residuals = fused_moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe)
+        down, residuals, d = fused_moe_up(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe)
         _save(ctx, (x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD), residuals, recipe.precision.value,
               "triton")
-        return out
+        ctx.mark_non_differentiable(*down)
+        ctx.set_materialize_grads(False)
+        return _link(x_TD), d, *down
+
+    @staticmethod
+    def backward(ctx, dlink, *_):
+        dx, ds, dw1, dw2, dw3 = _gradients(ctx, dlink, _pipeline_backward)
+        return dx, None, ds, dw1, dw2, dw3, None
+
+
+class _MoEDownEager(torch.autograd.Function):
+    """`moe_down` under autograd without the dispatcher: the output, its gradient handed to the link."""
+
+    @staticmethod
+    def forward(ctx, link_TD, w2_EDH, recipe, d, *down):
+        from .pipeline import fused_moe_down
+
+        ctx.num_inputs = 4 + len(down)
+        return fused_moe_down(list(down), d, w2_EDH, recipe, link_TD.dtype)
 
     @staticmethod
     def backward(ctx, dout):
-        dx, ds, dw1, dw2, dw3 = _gradients(ctx, dout, _pipeline_backward)
-        return dx, None, ds, dw1, dw2, dw3, None
+        return dout, *(None,) * (ctx.num_inputs - 1)
 
 
 def _op_must_be_visible() -> bool:
@@ -248,9 +322,12 @@ def moe(
         return moe_reference(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe.forward_operand)
     if _op_must_be_visible():
         p = recipe.precision.value
-        return moe_forward(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, p, resolved)[0]
+        link, *rest = moe_up(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, p, resolved)
+        down = rest[:_down_count(p)]
+        return moe_down(link, topk_scores_TK, w2_EDF, down, rest[-1], p, resolved)
     check_expert_ids(topk_ids_TK, w1_EFD.shape[0], device_check=False)
-    return _FusedMoEEager.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe)
+    link, d, *down = _MoEUpEager.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe)
+    return _MoEDownEager.apply(link, w2_EDF, recipe, d, *down)
 
 
 def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, backend, group,

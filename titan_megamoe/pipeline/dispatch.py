@@ -53,7 +53,8 @@ def dispatch(x_TD, topk_ids_TK, topk_scores_TK, num_experts: int, recipe: Recipe
 
 
 def restore(x_TD, topk_scores_TK, packed_plan: torch.Tensor, num_experts: int, recipe: Recipe) -> Dispatched:
-    """The forward's dispatch, for the backward: the plan from its saved buffer (nothing is recomputed)."""
+    """The forward's dispatch, for the backward and for the forward's GEMM2 step (which reads no rows: x_TD
+    None there): the plan from its saved buffer (nothing is recomputed)."""
     T, K = topk_scores_TK.shape
     plan = RoutingPlan.from_packed(packed_plan, local_layout(T, K, num_experts, recipe))
     return Dispatched(x_TD, plan, topk_scores_TK)

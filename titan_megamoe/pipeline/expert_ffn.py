@@ -3,7 +3,9 @@
 It reads its rows through a routing plan (gathered by token or contiguous, `plan.RowSource`) and knows
 nothing of where they came from or where its outputs go: the dispatch and combine stages do.
 
-Forward:  GEMM1 (gather rows, gate+up, SwiGLU) -> GEMM2 (y rows scattered to row order)
+Forward:  `ffn_up`: GEMM1 (gather rows, gate+up, SwiGLU) -> `ffn_down`: GEMM2 (y rows scattered to row order)
+          (two steps: the residuals are complete after the first, which is where a recompute for the
+          backward under activation checkpointing stops; `ops.py`)
 Backward: dgrad (gather dy rows, W2, dSwiGLU, ds) -> dx rows (row order);
           wgrad dW2 (dy^T s*h, s*h written by dgrad) and dW1/dW3 (dg^T x, du^T x) over each expert's rows
 Residuals saved for the backward: g, u [N, H] in sorted order (`Recipe.activation`); h is recomputed from
@@ -32,7 +34,7 @@ import torch
 
 from ..plan import RoutingPlan
 from ..precision import BlockScaled, Recipe
-from ..quant import E4M3, WEIGHT_BLOCK
+from ..quant import ACTIVATION_BLOCK, E4M3, WEIGHT_BLOCK
 from ..kernels.dgrad_swiglu import dgrad_swiglu
 from ..kernels.gemm1_swiglu import gemm1_swiglu
 from ..kernels.grouped_gemm import PeerRows, expert_down_proj, expert_input_grad
@@ -45,7 +47,7 @@ BF16, FP8 = "bf16", "fp8"
 
 
 def residual_shapes(num_rows: int, num_experts: int, hidden: int, dim: int, recipe: Recipe):
-    """(shape, dtype) of each residual `ffn_forward` returns, for the op's fake implementation: g, u, then
+    """(shape, dtype) of each residual `ffn_up` returns, for the op's fake implementation: g, u, then
     under `fp8` the data and scale of W1^T, W2^T, W3^T (128x128 blocks)."""
     shapes = [((num_rows, hidden), recipe.activation), ((num_rows, hidden), recipe.activation)]
     if recipe.quantized():
@@ -67,28 +69,61 @@ def quantized_weights(w1_EHD, w2_EDH, w3_EHD, recipe: Recipe):
     return [quantize_weight_pair(w) for w in (w1_EHD, w2_EDH, w3_EHD)] if recipe.quantized() else None
 
 
-def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, arrivals=None,
-                y_to: PeerRows | None = None, weights=None):
-    """(y rows [N, D] in row order, residuals). `arrivals` (bf16): GEMM1's programs wait for their expert's
-    rows to land first (`gemm1_swiglu`); rows_RD must then already be the operand (read in place).
-    `y_to` (bf16): GEMM2 stores the y rows at those destinations instead (the first value is then None).
-    `weights`: `quantized_weights` of these weights made earlier (block FP8; None: made here)."""
+def down_proj_shapes(num_rows: int, num_experts: int, hidden: int, dim: int, recipe: Recipe):
+    """(shape, dtype) of each of GEMM2's operands `ffn_up` hands to `ffn_down`: h [N, H] in the activation
+    dtype; under `fp8` h's e4m3 data and 1x128 scales, then W2's e4m3 data and 128x128 scales (the forward's
+    FP8 copy of W2, made with W^T from one read of the weight)."""
+    if not recipe.quantized():
+        return [((num_rows, hidden), recipe.activation)]
+    E, N, H, D, B = num_experts, num_rows, hidden, dim, WEIGHT_BLOCK[0]
+    return [((N, H), E4M3), ((N, H // B), torch.float32), ((E, D, H), E4M3), ((E, D // B, H // B), torch.float32)]
+
+
+def down_proj_count(recipe: Recipe) -> int:
+    """How many tensors `ffn_up` hands to `ffn_down` under this recipe."""
+    return len(down_proj_shapes(0, 0, 0, 0, recipe))
+
+
+def ffn_up(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, arrivals=None, weights=None):
+    """GEMM1 + SwiGLU: (GEMM2's operands as a list of tensors, residuals), everything the backward needs
+    and nothing it does not. `ffn_down` makes the y rows from the first list; split so that a recompute
+    of the forward for the backward (activation checkpointing) can stop here (`ops.py`).
+    `arrivals` (bf16): GEMM1's programs wait for their expert's rows to land first (`gemm1_swiglu`); rows_RD
+    must then already be the operand (read in place). `weights`: `quantized_weights` of these weights made
+    earlier (block FP8; None: made here)."""
     if recipe.quantized():
-        assert arrivals is None and y_to is None, "expert parallelism runs bf16"
+        assert arrivals is None, "expert parallelism runs bf16"
         pairs = weights if weights is not None else quantized_weights(w1_EHD, w2_EDH, w3_EHD, recipe)
         (w1q, w1t), (w2q, w2t), (w3q, w3t) = pairs
         # x in sorted order: GEMM1 reads it through TMA (a gathered FP8 tile costs too many registers)
         g, u, h = gemm1_swiglu(quantize_sorted_rows(rows_RD, plan), w1q, w3q, plan, recipe.activation, FP8,
                                sorted_rows=True)
-        y_ND = expert_down_proj(h, w2q, plan, recipe.activation, FP8)
-        return y_ND, [g, u, w1t.data, w1t.scale, w2t.data, w2t.scale, w3t.data, w3t.scale]
-    p = BF16
+        return [h.data, h.scale, w2q.data, w2q.scale], [g, u, w1t.data, w1t.scale, w2t.data, w2t.scale, w3t.data,
+                                                        w3t.scale]
     x = recipe.operand(rows_RD)
     assert arrivals is None or x is rows_RD, "rows still landing cannot be cast or copied before GEMM1 waits"
-    g, u, h = gemm1_swiglu(x, recipe.operand(w1_EHD), recipe.operand(w3_EHD), plan, recipe.activation, p,
+    g, u, h = gemm1_swiglu(x, recipe.operand(w1_EHD), recipe.operand(w3_EHD), plan, recipe.activation, BF16,
                            arrivals=arrivals)
-    y_ND = expert_down_proj(h, recipe.operand(w2_EDH), plan, recipe.activation, p, peers=y_to)
-    return y_ND, [g, u]
+    return [h], [g, u]
+
+
+def ffn_down(down, plan: RoutingPlan, w2_EDH, recipe: Recipe, y_to: PeerRows | None = None):
+    """GEMM2: the y rows [N, D] in row order from `ffn_up`'s operands. `y_to` (bf16): GEMM2 stores the y
+    rows at those destinations instead (returns None)."""
+    if recipe.quantized():
+        assert y_to is None, "expert parallelism runs bf16"
+        h, h_scale, w2, w2_scale = down
+        h, w2 = BlockScaled(h, h_scale, ACTIVATION_BLOCK), BlockScaled(w2, w2_scale, WEIGHT_BLOCK)
+        return expert_down_proj(h, w2, plan, recipe.activation, FP8)
+    (h,) = down
+    return expert_down_proj(h, recipe.operand(w2_EDH), plan, recipe.activation, BF16, peers=y_to)
+
+
+def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, arrivals=None,
+                y_to: PeerRows | None = None):
+    """(y rows [N, D] in row order, residuals): `ffn_up` then `ffn_down` (`y_to`: the first value is None)."""
+    down, residuals = ffn_up(rows_RD, plan, w1_EHD, w2_EDH, w3_EHD, recipe, arrivals)
+    return ffn_down(down, plan, w2_EDH, recipe, y_to), residuals
 
 
 def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EHD, residuals, recipe: Recipe,

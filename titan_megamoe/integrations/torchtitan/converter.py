@@ -20,7 +20,7 @@ from ...validation import check_block_shapes, check_ep_transport
 from .modules import MegaGroupedExperts, MegaMoE
 
 CONVERTER_NAME = "mega_moe"
-FUSED_OP = "titan_megamoe::moe_forward"
+FUSED_OP = "titan_megamoe::moe_up"
 
 
 def _fail(msg: str):
@@ -86,8 +86,10 @@ def resolve_ep_transport(value: str) -> str:
 
 
 def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
-    """Add (save=True) or remove titan_megamoe::moe_forward in the model's op-level SAC save list
-    (`torchtitan.models.<name>.infra.parallelize._op_sac_save_list`, which parallelize passes to apply_ac)."""
+    """Add (save=True) or remove titan_megamoe::moe_up (the op's first step, whose outputs are the residuals)
+    in the model's op-level SAC save list (`torchtitan.models.<name>.infra.parallelize._op_sac_save_list`,
+    which parallelize passes to apply_ac). `moe_down` (GEMM2, the combine) is never saved: its output is not
+    needed by the backward, so a recompute never runs it."""
     import importlib
 
     try:
@@ -98,7 +100,7 @@ def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
                   f"(torchtitan.models.{model_name}.infra.parallelize._op_sac_save_list), which does not exist; "
                   f"set mega_moe.save_under_sac=false")
         return
-    op = torch.ops.titan_megamoe.moe_forward.default
+    op = torch.ops.titan_megamoe.moe_up.default
     if save:
         save_list.add(op)
     else:
