@@ -2,7 +2,7 @@
 """The symmetric-memory EP transport on one GPU, as far as one GPU allows.
 
 torch's CUDA symmetric memory refuses two ranks on one device (docs/ep.md), so this runs a 1-rank NCCL group:
-the EP path (`ep_dispatch.FusedMoEExpertParallel`) with ep_transport symm_mem, then all_to_all, against the
+the EP path (`ep_dispatch.fused_moe_expert_parallel`) with ep_transport symm_mem, then all_to_all, against the
 single-process op, forward and backward, bitwise, at two sizes (the second makes the buffers grow). It
 checks the CUDA side of `pipeline.symm_transport` (allocation, rendezvous, typed peer views at offsets,
 the device barrier, the row-writing kernel at a mapped address and the flags with their device-side
@@ -41,7 +41,7 @@ def main():
 
     import titan_megamoe
     from titan_megamoe.pipeline import symm_transport
-    from titan_megamoe.pipeline.ep_dispatch import FusedMoEExpertParallel
+    from titan_megamoe.pipeline.ep_dispatch import fused_moe_expert_parallel
     from titan_megamoe.precision import recipe_for
 
     recipe = recipe_for("bf16", torch.device("cuda"))
@@ -54,7 +54,7 @@ def main():
         # padding), all_to_all
         for transport, cf in (("symm_mem", None), ("symm_mem", 1.5), ("all_to_all", None)):
             ep = forward_backward(
-                lambda *t: FusedMoEExpertParallel.apply(*t, recipe, dist.group.WORLD, transport, cf), case, dout)
+                lambda *t: fused_moe_expert_parallel(*t, recipe, dist.group.WORLD, transport, cf), case, dout)
             results.append({"T": T, "precision": "bf16", "transport": transport, "capacity_factor": cf,
                             "bitwise": {k: bool(torch.equal(whole[k], ep[k])) for k in whole}})
             print(results[-1], flush=True)
@@ -64,13 +64,13 @@ def main():
                                       case, dout)
             r8 = recipe_for(precision, torch.device("cuda"))
             ep = forward_backward(
-                lambda *t: FusedMoEExpertParallel.apply(*t, r8, dist.group.WORLD, transport, cf), case, dout)
+                lambda *t: fused_moe_expert_parallel(*t, r8, dist.group.WORLD, transport, cf), case, dout)
             results.append({"T": T, "precision": precision, "transport": transport, "capacity_factor": cf,
                             "bitwise": {k: bool(torch.equal(whole8[k], ep[k])) for k in whole8}})
             print(results[-1], flush=True)
     # the capacity path claims no host sync: run it once more (buffers already big enough) with torch's
     # sync debug mode raising on any synchronising CUDA call, and record what it says
-    op = lambda *t: FusedMoEExpertParallel.apply(*t, recipe, dist.group.WORLD, "symm_mem", 1.5)  # noqa: E731
+    op = lambda *t: fused_moe_expert_parallel(*t, recipe, dist.group.WORLD, "symm_mem", 1.5)  # noqa: E731
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

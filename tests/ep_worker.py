@@ -29,13 +29,32 @@ PRECISIONS = ("bf16", "fp8", "fp8_bwd")
 
 
 def parse_run(spec: str) -> dict:
-    """`backend:transport:precision[:capacity_factor]`, e.g. `triton:symm_mem:bf16:2.0`."""
+    """`backend:transport:precision[:capacity_factor][:ckpt]`, e.g. `triton:symm_mem:bf16:2.0`; `ckpt`: the
+    call under activation checkpointing, whose recompute must run the first forward step and not GEMM2."""
     parts = spec.split(":")
+    ckpt = parts[-1] == "ckpt"
+    parts = parts[:-1] if ckpt else parts
     if len(parts) not in (3, 4) or parts[0] not in ("triton", "reference") or parts[1] not in TRANSPORTS \
-            or parts[2] not in PRECISIONS:
-        raise SystemExit(f"bad run {spec!r}: want backend:transport:precision[:capacity_factor]")
+            or parts[2] not in PRECISIONS or (ckpt and parts[0] != "triton"):
+        raise SystemExit(f"bad run {spec!r}: want backend:transport:precision[:capacity_factor][:ckpt] (ckpt: triton)")
     return {"label": spec, "backend": parts[0], "transport": parts[1], "precision": parts[2],
-            "capacity": float(parts[3]) if len(parts) == 4 else None}
+            "capacity": float(parts[3]) if len(parts) == 4 else None, "ckpt": ckpt}
+
+
+def counted_steps() -> dict:
+    """How often the EP forward's two steps ran GEMM1 and GEMM2 on this rank: {"up": n, "down": n}."""
+    from titan_megamoe.pipeline import ep_dispatch
+
+    calls = {"up": 0, "down": 0}
+    for step in calls:
+        real = getattr(ep_dispatch, f"ffn_{step}")
+
+        def counting(*args, _real=real, _step=step, **kwargs):
+            calls[_step] += 1
+            return _real(*args, **kwargs)
+
+        setattr(ep_dispatch, f"ffn_{step}", counting)
+    return calls
 
 
 def ids_for(routing: str, ids: torch.Tensor, E: int, ep: int) -> torch.Tensor:
@@ -90,7 +109,14 @@ def run_ep(run: dict, case, dout, rank: int, ep: int) -> dict:
     op = lambda *t, cf=run["capacity"]: titan_megamoe.moe(  # noqa: E731
         *t, backend=run["backend"], precision=run["precision"], ep_group=dist.group.WORLD,
         ep_transport=run["transport"], ep_capacity_factor=cf)
+    if run["ckpt"]:
+        from torch.utils.checkpoint import checkpoint
+
+        plain, calls = op, counted_steps()
+        op = lambda *t: checkpoint(plain, *t, use_reentrant=False)  # noqa: E731
     got = forward_backward(op, mine, dout[tok])
+    if run["ckpt"]:  # the recompute ran route, rows out and GEMM1, and stopped before GEMM2 and the return trip
+        assert calls == {"up": 2, "down": 1}, f"rank {rank}: {calls}"
     if run["transport"] == "symm_mem":
         again = forward_backward(op, mine, dout[tok])
         for name, g in got.items():

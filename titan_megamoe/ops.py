@@ -332,12 +332,12 @@ def moe(
 
 def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, backend, group,
                          transport, capacity_factor):
-    from .pipeline.ep_dispatch import FusedMoEExpertParallel, moe_reference_ep
+    from .pipeline.ep_dispatch import fused_moe_expert_parallel, moe_reference_ep
 
     check_expert_parallel(recipe, backend)
     check_expert_ids(topk_ids_TK, w1_EFD.shape[0] * torch.distributed.get_world_size(group), device_check=False)
     if backend == "reference":
         return moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe.forward_operand,
                                 group)
-    return FusedMoEExpertParallel.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, group,
-                                        transport, capacity_factor)
+    return fused_moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, group,
+                                     transport, capacity_factor)

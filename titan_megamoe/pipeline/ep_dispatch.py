@@ -12,7 +12,7 @@ Each rank of the EP group owns E_local experts: rank r holds global experts [r*E
   dispatch  x rows, their expert ids (all-to-all only) and scores to the experts' owners; the received
             rows are a contiguous buffer, and the plan over them (`RowSource.CONTIGUOUS`, one row each,
             local expert ids via `first_expert`) is all the expert FFN stage needs
-  FFN       `expert_ffn.ffn_forward` on the received rows, unchanged
+  FFN       `expert_ffn.ffn_up` and `ffn_down` on the received rows, unchanged
   combine   the y rows back to the ranks of their tokens, put back in routed-row order,
             and the deterministic score-weighted sum there (`kernels.combine`)
 Backward mirrors it: the dout rows travel like x, dgrad/dx run on the received rows, dx rows and ds go
@@ -41,7 +41,7 @@ from ..plan import RoutingPlan
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
 from .dispatch import plan_block_m
-from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_forward
+from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_down, ffn_up
 from .symm_transport import back_from_gemm, exchange_symmetric, expert_sorted_ids, send_counted
 
 
@@ -180,9 +180,22 @@ def _fused_transport(r: Route, recipe: Recipe, backward: bool = False) -> bool:
     return r.transport == "symm_mem" and not recipe.quantized(backward)
 
 
+def fused_moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, group,
+                              transport: str = "all_to_all", capacity_factor: float | None = None):
+    """The Triton pipeline under EP (either transport, bf16 or block FP8): [T, D] in x's dtype.
+    Differentiable in x, the scores and the local expert weights; eager only (the split sizes are read on
+    the host). Two autograd.Functions, as the single-GPU op's two steps (`ops.py`): `FusedMoEExpertParallel`
+    (route, rows out, GEMM1: everything the backward needs, and the whole backward) and `_ExpertParallelDown`
+    (GEMM2, rows back, combine), so that a recompute under activation checkpointing stops before the
+    second: no GEMM2 and no return trip (on every rank alike, so the collectives stay matched)."""
+    link, state, *down = FusedMoEExpertParallel.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
+                                                      recipe, group, transport, capacity_factor)
+    return _ExpertParallelDown.apply(link, w2_EDH, recipe, state, *down)
+
+
 class FusedMoEExpertParallel(torch.autograd.Function):
-    """The Triton pipeline under EP (either transport, bf16 or block FP8). Differentiable in x, the scores
-    and the local expert weights; eager only (the split sizes are read on the host)."""
+    """The EP forward's first step (returns (link, what the second step needs, GEMM2's operands...)) and
+    the whole EP backward, which receives the output's gradient through the link."""
 
     @staticmethod
     def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, group,
@@ -196,26 +209,26 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         recv_scores = exchange(topk_scores_TK.float().reshape(-1), r, index=send)
         if _fused_transport(r, recipe):
             # GEMM1 starts on the experts whose rows have landed while the rest are on their way; x is
-            # cast to the operand dtype before it leaves, so GEMM1 reads the landing rows in place; GEMM2
-            # stores each y row straight into its token's rank
+            # cast to the operand dtype before it leaves, so GEMM1 reads the landing rows in place
             landing, arrivals, finish = send_counted(recipe.operand(x_TD), r, send // K)
-            y_to, y_back = back_from_gemm(r, plan, recipe.activation, x_TD.shape[1:])
-            _, residuals = ffn_forward(landing, plan, w1_EHD, w2_EDH, w3_EHD, recipe, arrivals, y_to=y_to)
+            down, residuals = ffn_up(landing, plan, w1_EHD, w2_EDH, w3_EHD, recipe, arrivals)
             recv_x = finish()  # the weight gradients need the rows after the buffer is reused
-            y_ND = to_routed_order(y_back(), r)
         else:
             recv_x = exchange(x_TD, r, index=send // K)
-            y_recv, residuals = ffn_forward(recv_x, plan, w1_EHD, w2_EDH, w3_EHD, recipe)
-            y_ND = to_routed_order(exchange(y_recv, r, back=True), r)
-        out = combine(y_ND, topk_scores_TK.float().contiguous(), K, x_TD.dtype)
+            down, residuals = ffn_up(recv_x, plan, w1_EHD, w2_EDH, w3_EHD, recipe)
         torch._assert_async(plan.ids_ok, "titan_megamoe.moe: a received expert id is not one of this rank's experts")
         ctx.save_for_backward(recv_x, recv_scores, w1_EHD, w2_EDH, w3_EHD, plan.packed, *residuals)
         ctx.route, ctx.layout, ctx.recipe, ctx.K = r, plan.layout, recipe, K
         ctx.scores_dtype, ctx.x_dtype = topk_scores_TK.dtype, x_TD.dtype
-        return out
+        ctx.mark_non_differentiable(*down)
+        ctx.set_materialize_grads(False)
+        link = x_TD.new_empty(()).expand(x_TD.shape)  # as `ops._link`: the output's gradient comes back here
+        return link, (r, plan, topk_scores_TK), *down
 
     @staticmethod
-    def backward(ctx, dout_TD):
+    def backward(ctx, dout_TD, *_):
+        if dout_TD is None:  # the output did not reach the loss
+            return (None,) * 10
         recv_x, recv_scores, w1, w2, w3, packed, *residuals = ctx.saved_tensors
         r, K = ctx.route, ctx.K
         plan = RoutingPlan.from_packed(packed, ctx.layout)
@@ -239,6 +252,30 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         dw1, dw2, dw3 = ffn_backward_weights(recv_x, plan, w1, w2, saved, ctx.recipe)
         ds = ds_N.view(-1, K).to(ctx.scores_dtype)
         return dx, None, ds, dw1, dw2, dw3, None, None, None, None
+
+
+class _ExpertParallelDown(torch.autograd.Function):
+    """The EP forward's second step: GEMM2, the y rows back to their tokens' ranks, the combine. Its
+    backward hands the output's gradient to the link."""
+
+    @staticmethod
+    def forward(ctx, link_TD, w2_EDH, recipe: Recipe, state, *down):
+        r, plan, topk_scores_TK = state
+        K = topk_scores_TK.shape[1]
+        ctx.num_inputs = 4 + len(down)
+        if _fused_transport(r, recipe):
+            # GEMM2 stores each y row straight into its token's rank
+            y_to, y_back = back_from_gemm(r, plan, recipe.activation, link_TD.shape[1:])
+            ffn_down(list(down), plan, w2_EDH, recipe, y_to=y_to)
+            y_ND = to_routed_order(y_back(), r)
+        else:
+            y_recv = ffn_down(list(down), plan, w2_EDH, recipe)
+            y_ND = to_routed_order(exchange(y_recv, r, back=True), r)
+        return combine(y_ND, topk_scores_TK.float().contiguous(), K, link_TD.dtype)
+
+    @staticmethod
+    def backward(ctx, dout_TD):
+        return dout_TD, *(None,) * (ctx.num_inputs - 1)
 
 
 def moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, compute_dtype, group):

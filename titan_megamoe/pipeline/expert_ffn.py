@@ -119,13 +119,6 @@ def ffn_down(down, plan: RoutingPlan, w2_EDH, recipe: Recipe, y_to: PeerRows | N
     return expert_down_proj(h, recipe.operand(w2_EDH), plan, recipe.activation, BF16, peers=y_to)
 
 
-def ffn_forward(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, arrivals=None,
-                y_to: PeerRows | None = None):
-    """(y rows [N, D] in row order, residuals): `ffn_up` then `ffn_down` (`y_to`: the first value is None)."""
-    down, residuals = ffn_up(rows_RD, plan, w1_EHD, w2_EDH, w3_EHD, recipe, arrivals)
-    return ffn_down(down, plan, w2_EDH, recipe, y_to), residuals
-
-
 def ffn_backward_input(dy_RD, plan: RoutingPlan, scores_N, w1_EHD, w2_EDH, w3_EHD, residuals, recipe: Recipe,
                        arrivals=None, dx_to: PeerRows | None = None):
     """(dx rows [N, D] in row order, ds [N] fp32 in row order, what the weight gradients need). Split from
