@@ -334,6 +334,7 @@ def full_ac_fwd_bwd(layer, x, dout):
     from torch.utils.checkpoint import checkpoint
 
     x = x.detach().requires_grad_(True)
+    layer.zero_grad(set_to_none=True)  # as `run_fwd_bwd`: fresh gradients, no accumulation timed
     checkpoint(layer, x, use_reentrant=False).backward(dout)
 
 
@@ -345,6 +346,7 @@ def sac_fwd_bwd(layer, x, dout, save_ops):
         return CheckpointPolicy.MUST_SAVE if op in save_ops else CheckpointPolicy.PREFER_RECOMPUTE
 
     x = x.detach().requires_grad_(True)
+    layer.zero_grad(set_to_none=True)  # as `run_fwd_bwd`: fresh gradients, no accumulation timed
     ctx_fn = functools.partial(create_selective_checkpoint_contexts, policy)
     out = checkpoint(layer, x, use_reentrant=False, context_fn=ctx_fn)
     out.backward(dout)
@@ -509,7 +511,6 @@ def time_sac(row, layer, x, dout, warmup, iters):
             row[f"{key}_peak_gib"] = peak_mem_gib(fn, layer)
     except (NotImplementedError, ValueError) as e:  # e.g. a precision the custom op does not run yet
         row["sac_skipped"] = one_line(e)
-        return
     # full AC runs the eager path (no dispatch mode) with the fused router, as the `fused` arm does
     fn = functools.partial(full_ac_fwd_bwd, layer, x, dout)
     row["fused_full_ac_fwdbwd_ms"], _ = time_ms(fn, warmup, iters)

@@ -83,7 +83,7 @@ def bench_section(path: Path) -> list[str]:
                 f"| {r['stock_fwd_ms'] / fr:.2f} | | {r['stock_fwdbwd_ms']:.2f} | {fb:.2f} "
                 f"| {r['stock_fwdbwd_ms'] / fb:.2f} | | {r['stock_fwdbwd_peak_gib']:.2f} / "
                 f"{r['fused_stock_router_fwdbwd_peak_gib']:.2f} | |")
-        if "stock_sac_fwdbwd_ms" in r:
+        if "stock_sac_fwdbwd_ms" in r and "fused_sac_save_fwdbwd_ms" in r:
             sac.append(f"| {r['case']} | {r['stock_sac_fwdbwd_ms']:.2f} / {r['stock_sac_peak_gib']:.2f} "
                        f"| {r['fused_sac_recompute_fwdbwd_ms']:.2f} / {r['fused_sac_recompute_peak_gib']:.2f} "
                        f"| {r['fused_sac_save_fwdbwd_ms']:.2f} / {r['fused_sac_save_peak_gib']:.2f} |")

@@ -41,20 +41,21 @@ def parse_run(spec: str) -> dict:
             "capacity": float(parts[3]) if len(parts) == 4 else None, "ckpt": ckpt}
 
 
-def counted_steps() -> dict:
-    """How often the EP forward's two steps ran GEMM1 and GEMM2 on this rank: {"up": n, "down": n}."""
+def counted_steps():
+    """(how often the EP forward's two steps run GEMM1 and GEMM2 on this rank from now on, {"up": n,
+    "down": n}; a function that stops counting)."""
     from titan_megamoe.pipeline import ep_dispatch
 
-    calls = {"up": 0, "down": 0}
+    calls, reals = {"up": 0, "down": 0}, {}
     for step in calls:
-        real = getattr(ep_dispatch, f"ffn_{step}")
+        reals[step] = real = getattr(ep_dispatch, f"ffn_{step}")
 
         def counting(*args, _real=real, _step=step, **kwargs):
             calls[_step] += 1
             return _real(*args, **kwargs)
 
         setattr(ep_dispatch, f"ffn_{step}", counting)
-    return calls
+    return calls, lambda: [setattr(ep_dispatch, f"ffn_{step}", real) for step, real in reals.items()]
 
 
 def ids_for(routing: str, ids: torch.Tensor, E: int, ep: int) -> torch.Tensor:
@@ -112,10 +113,11 @@ def run_ep(run: dict, case, dout, rank: int, ep: int) -> dict:
     if run["ckpt"]:
         from torch.utils.checkpoint import checkpoint
 
-        plain, calls = op, counted_steps()
+        plain, (calls, stop_counting) = op, counted_steps()
         op = lambda *t: checkpoint(plain, *t, use_reentrant=False)  # noqa: E731
     got = forward_backward(op, mine, dout[tok])
     if run["ckpt"]:  # the recompute ran route, rows out and GEMM1, and stopped before GEMM2 and the return trip
+        stop_counting()
         assert calls == {"up": 2, "down": 1}, f"rank {rank}: {calls}"
     if run["transport"] == "symm_mem":
         again = forward_backward(op, mine, dout[tok])

@@ -102,3 +102,73 @@ def test_full_checkpointing_recomputes_no_gemm2(forward_calls, precision, compil
                             case, dout)
     for key in want:
         assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_h_is_freed_before_the_combine(monkeypatch, precision):
+    """The eager path holds GEMM2's operands nowhere once GEMM2 is launched: h ([T*K, H], 192 MiB at 30B-A3B
+    T=16384) is freed before the combine allocates the output, as when the forward was one call."""
+    import weakref
+
+    from titan_megamoe.pipeline import dispatch
+
+    D = H = 128 if precision == "fp8" else 32
+    case = make_case(13, D, H, 4, 2, device=DEVICE, seed=3)
+    made, alive_at_combine = [], []
+    real_down, real_combine = pipeline.ffn_down, dispatch.combine_forward
+
+    def down(operands, *args, **kwargs):
+        made.extend(weakref.ref(t) for t in operands)
+        return real_down(operands, *args, **kwargs)
+
+    def combine(*args):
+        alive_at_combine.append([r() is not None for r in made])
+        return real_combine(*args)
+
+    monkeypatch.setattr(pipeline, "ffn_down", down)
+    monkeypatch.setattr(dispatch, "combine_forward", combine)
+    forward_backward(lambda *a: titan_megamoe.moe(*a, backend="triton", precision=precision), case,
+                     torch.randn_like(case.x))
+    assert made and alive_at_combine == [[False] * len(made)], alive_at_combine
+
+
+@pytest.mark.parametrize("shared_experts", [0, 1])
+def test_checkpointed_layer_skips_gemm2_with_shared_experts(monkeypatch, forward_calls, shared_experts):
+    """The swapped TorchTitan layer under full activation checkpointing: the shared experts (whose Linear
+    layers save tensors) run before the routed experts, so the recompute still stops before GEMM2; the
+    layer's output and gradients are bitwise those without checkpointing."""
+    import dataclasses
+
+    from torch.utils.checkpoint import checkpoint
+    from torchtitan.models.moe.moe import MoE
+
+    from titan_megamoe.integrations.torchtitan import cpu, registry
+    from titan_megamoe.integrations.torchtitan.converter import swap_moe_layers
+
+    monkeypatch.setattr(torch, "histc", cpu.histc_int_cpu(torch.histc))
+    args = registry.tiny_flavor()
+    moe_args = dataclasses.replace(args.moe_args, num_shared_experts=shared_experts)
+    torch.manual_seed(0)
+    layer = MoE(moe_args, dim=args.dim, hidden_dim=args.moe_inter_dim)
+    with torch.no_grad():
+        layer.init_weights(0.02, torch.device("cpu"))
+    layer = layer.to(DEVICE, torch.bfloat16)
+    layer.expert_bias, layer.tokens_per_expert = layer.expert_bias.float(), layer.tokens_per_expert.float()
+    holder = torch.nn.Module()
+    holder.moe = layer
+    swap_moe_layers(holder, "bf16", "triton")
+    x = torch.randn(1, 12, args.dim, device=DEVICE, dtype=torch.bfloat16)
+    dout = torch.randn_like(x)
+
+    def run(fn):
+        xx = x.detach().requires_grad_(True)
+        layer.zero_grad(set_to_none=True)
+        fn(xx).backward(dout)
+        return [xx.grad, *(p.grad for p in layer.parameters())]
+
+    want = run(layer)
+    for calls in forward_calls.values():
+        calls.clear()
+    got = run(lambda xx: checkpoint(layer, xx, use_reentrant=False))
+    assert len(forward_calls["up"]) == 2 and len(forward_calls["down"]) == 1, forward_calls
+    assert len(want) == len(got) and all(torch.equal(a, b) for a, b in zip(got, want))

@@ -7,7 +7,8 @@ plan); `titan_megamoe::moe_down` (GEMM2, the score-weighted combine) turns them 
 carries the whole fused backward (`titan_megamoe::moe_backward`); moe_down hands the output's gradient
 back to it through the link, a [T, D] tensor with every stride 0 (no memory). Why two: under activation
 checkpointing the backward recomputes only what it needs, and it needs moe_up's outputs, never
-moe_down's. Eager non-reentrant checkpointing stops its recompute once moe_up has saved its tensors, and
+moe_down's. Eager non-reentrant checkpointing stops its recompute once moe_up has saved its tensors (when
+nothing after the op in the checkpointed region saves one: `MegaMoE` runs its shared experts first), and
 torch.compile's partitioner leaves moe_down out of the backward graph, so GEMM2 and the combine run once
 per step instead of twice (`tests/test_eager_path.py::test_full_checkpointing_recomputes_no_gemm2`; at
 30B-A3B T=16384 bf16 on an H100 GEMM2 took 0.73 ms of a ~2.7 ms forward, docs/kernels.md). Because the residuals are op
@@ -124,7 +125,7 @@ def moe_down(
 
     recipe = _kernel_recipe(precision, link_TD.device)
     d = restore_dispatch(topk_scores_TK, packed_plan, w2_EDH.shape[0], recipe)
-    return fused_moe_down(down, d, w2_EDH, recipe, link_TD.dtype)
+    return fused_moe_down(list(down), d, w2_EDH, recipe, link_TD.dtype)  # a copy: GEMM2 empties the list it gets
 
 
 @moe_down.register_fake
@@ -243,15 +244,16 @@ class _MoEDownEager(torch.autograd.Function):
     """`moe_down` under autograd without the dispatcher: the output, its gradient handed to the link."""
 
     @staticmethod
-    def forward(ctx, link_TD, w2_EDH, recipe, d, *down):
+    def forward(ctx, link_TD, w2_EDH, recipe, d, down: list):
         from .pipeline import fused_moe_down
 
-        ctx.num_inputs = 4 + len(down)
-        return fused_moe_down(list(down), d, w2_EDH, recipe, link_TD.dtype)
+        # `down`, GEMM2's operands, comes as one list (not as tensor arguments, which `apply` would hold until
+        # it returns): GEMM2 empties it, so h is freed before the combine allocates the output
+        return fused_moe_down(down, d, w2_EDH, recipe, link_TD.dtype)
 
     @staticmethod
     def backward(ctx, dout):
-        return dout, *(None,) * (ctx.num_inputs - 1)
+        return dout, None, None, None, None
 
 
 def _op_must_be_visible() -> bool:
@@ -327,7 +329,7 @@ def moe(
         return moe_down(link, topk_scores_TK, w2_EDF, down, rest[-1], p, resolved)
     check_expert_ids(topk_ids_TK, w1_EFD.shape[0], device_check=False)
     link, d, *down = _MoEUpEager.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe)
-    return _MoEDownEager.apply(link, w2_EDF, recipe, d, *down)
+    return _MoEDownEager.apply(link, w2_EDF, recipe, d, down)
 
 
 def _moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EFD, w2_EDF, w3_EFD, recipe, backend, group,

@@ -190,7 +190,7 @@ def fused_moe_expert_parallel(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH,
     second: no GEMM2 and no return trip (on every rank alike, so the collectives stay matched)."""
     link, state, *down = FusedMoEExpertParallel.apply(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
                                                       recipe, group, transport, capacity_factor)
-    return _ExpertParallelDown.apply(link, w2_EDH, recipe, state, *down)
+    return _ExpertParallelDown.apply(link, w2_EDH, recipe, state, down)  # one list: GEMM2 empties it (`ffn_down`)
 
 
 class FusedMoEExpertParallel(torch.autograd.Function):
@@ -259,23 +259,22 @@ class _ExpertParallelDown(torch.autograd.Function):
     backward hands the output's gradient to the link."""
 
     @staticmethod
-    def forward(ctx, link_TD, w2_EDH, recipe: Recipe, state, *down):
+    def forward(ctx, link_TD, w2_EDH, recipe: Recipe, state, down: list):
         r, plan, topk_scores_TK = state
         K = topk_scores_TK.shape[1]
-        ctx.num_inputs = 4 + len(down)
         if _fused_transport(r, recipe):
             # GEMM2 stores each y row straight into its token's rank
             y_to, y_back = back_from_gemm(r, plan, recipe.activation, link_TD.shape[1:])
-            ffn_down(list(down), plan, w2_EDH, recipe, y_to=y_to)
+            ffn_down(down, plan, w2_EDH, recipe, y_to=y_to)
             y_ND = to_routed_order(y_back(), r)
         else:
-            y_recv = ffn_down(list(down), plan, w2_EDH, recipe)
+            y_recv = ffn_down(down, plan, w2_EDH, recipe)
             y_ND = to_routed_order(exchange(y_recv, r, back=True), r)
         return combine(y_ND, topk_scores_TK.float().contiguous(), K, link_TD.dtype)
 
     @staticmethod
     def backward(ctx, dout_TD):
-        return dout_TD, *(None,) * (ctx.num_inputs - 1)
+        return dout_TD, None, None, None, None
 
 
 def moe_reference_ep(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, compute_dtype, group):

@@ -107,15 +107,19 @@ def ffn_up(rows_RD, plan: RoutingPlan, w1_EHD, w2_EDH, w3_EHD, recipe: Recipe, a
     return [h], [g, u]
 
 
-def ffn_down(down, plan: RoutingPlan, w2_EDH, recipe: Recipe, y_to: PeerRows | None = None):
+def ffn_down(down: list, plan: RoutingPlan, w2_EDH, recipe: Recipe, y_to: PeerRows | None = None):
     """GEMM2: the y rows [N, D] in row order from `ffn_up`'s operands. `y_to` (bf16): GEMM2 stores the y
-    rows at those destinations instead (returns None)."""
+    rows at those destinations instead (returns None). Empties `down`: once GEMM2 is launched, h ([N, H],
+    192 MiB at 30B-A3B T=16384) is freed before what follows allocates (the combine's output, the rows'
+    return trip), as long as the caller holds it nowhere else."""
     if recipe.quantized():
         assert y_to is None, "expert parallelism runs bf16"
         h, h_scale, w2, w2_scale = down
+        down.clear()
         h, w2 = BlockScaled(h, h_scale, ACTIVATION_BLOCK), BlockScaled(w2, w2_scale, WEIGHT_BLOCK)
         return expert_down_proj(h, w2, plan, recipe.activation, FP8)
     (h,) = down
+    down.clear()
     return expert_down_proj(h, recipe.operand(w2_EDH), plan, recipe.activation, BF16, peers=y_to)
 
 

@@ -186,8 +186,9 @@ class MegaMoEConverter:
                 _fail(f"tile_table: {e}")
         ac = job_config.activation_checkpoint
         if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op":
-            # the EP path is an autograd.Function, not the custom op SAC's policy can name: always recomputed
-            self.ac_note = "AC selective op (EP: the fused op and its all-to-alls are recomputed)"
+            # the EP path is two autograd.Functions, not the custom op SAC's policy can name: its first step
+            # (route, rows out, GEMM1) is always recomputed, GEMM2 and the return trip never
+            self.ac_note = "AC selective op (EP: the fused op's first step and its all-to-all out are recomputed)"
 
     def convert(self, model: nn.Module) -> None:
         n = swap_moe_layers(model, self.precision, self.backend, self.fused_router, self.ep_transport,

@@ -102,6 +102,10 @@ class MegaMoE(MoE):
         else:
             top_scores_TK, topk_ids_TK, num_tokens_per_expert = self.router(x_TD, self.expert_bias)
 
+        # the shared experts first: under activation checkpointing the backward's recompute stops once the last
+        # tensor the backward saved is remade, which is then the routed experts' first step, so GEMM2 and the
+        # combine (the op's second step) are not rerun (`titan_megamoe.ops`); the sum below is stock's
+        shared_TD = self.shared_experts(x_TD) if self.shared_experts is not None else None
         out_TD = self.experts(x_TD, topk_ids_TK, Fp32Scores(top_scores_TK))
 
         # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them); counted
@@ -112,6 +116,6 @@ class MegaMoE(MoE):
                 num_tokens_per_expert = torch.histc(topk_ids_TK.view(-1), bins=E, min=0, max=E)
             self.tokens_per_expert.add_(num_tokens_per_expert)
 
-        if self.shared_experts is not None:
-            out_TD = self.shared_experts(x_TD) + out_TD
+        if shared_TD is not None:
+            out_TD = shared_TD + out_TD
         return out_TD.reshape(bs, slen, dim)
