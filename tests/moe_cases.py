@@ -128,3 +128,28 @@ def sm90_compile_results(script: str, timeout: int = 600) -> dict:
                           timeout=timeout)
     assert proc.returncode == 0, f"sm_90 compile failed:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def swapped_tiny_moe_layer(device, num_shared_experts: int = 0):
+    """(TorchTitan's MoE layer of the tiny qwen3 flavor, swapped to mega_moe in place (bf16, Triton backend),
+    its model dim). Callers on CPU patch torch.histc with `cpu.histc_int_cpu` first (stock's router counts
+    integer ids)."""
+    import dataclasses
+
+    from torchtitan.models.moe.moe import MoE
+
+    from titan_megamoe.integrations.torchtitan import registry
+    from titan_megamoe.integrations.torchtitan.converter import swap_moe_layers
+
+    args = registry.tiny_flavor()
+    torch.manual_seed(0)
+    layer = MoE(dataclasses.replace(args.moe_args, num_shared_experts=num_shared_experts), dim=args.dim,
+                hidden_dim=args.moe_inter_dim)
+    with torch.no_grad():
+        layer.init_weights(0.02, torch.device("cpu"))
+    layer = layer.to(device, torch.bfloat16)
+    layer.expert_bias, layer.tokens_per_expert = layer.expert_bias.float(), layer.tokens_per_expert.float()
+    holder = torch.nn.Module()
+    holder.moe = layer
+    swap_moe_layers(holder, "bf16", "triton")
+    return layer, args.dim

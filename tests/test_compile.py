@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import titan_megamoe
-from moe_cases import forward_backward, make_case
+from moe_cases import forward_backward, make_case, swapped_tiny_moe_layer
 
 
 def _moe(x, ids, s, w1, w2, w3):
@@ -62,29 +62,17 @@ def test_compiled_layer_uses_the_stock_router(monkeypatch):
     tracer understands), not the fused router's Triton launch, and matches the eager layer run the same way."""
     import copy
 
-    from torchtitan.models.moe.moe import MoE
-
-    from titan_megamoe.integrations.torchtitan import cpu, modules, registry
-    from titan_megamoe.integrations.torchtitan.converter import swap_moe_layers
+    from titan_megamoe.integrations.torchtitan import cpu, modules
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setattr(torch, "histc", cpu.histc_int_cpu(torch.histc))
     fused_calls = []
     real = modules.topk_route
     monkeypatch.setattr(modules, "topk_route", lambda *a: fused_calls.append(1) or real(*a))
-    torch.manual_seed(0)
-    args = registry.tiny_flavor()
-    layer = MoE(args.moe_args, dim=args.dim, hidden_dim=args.moe_inter_dim)
-    with torch.no_grad():
-        layer.init_weights(0.02, torch.device("cpu"))
-    layer = layer.to(dev, torch.bfloat16)
-    layer.expert_bias, layer.tokens_per_expert = layer.expert_bias.float(), layer.tokens_per_expert.float()
-    holder = torch.nn.Module()
-    holder.moe = layer
-    swap_moe_layers(holder, "bf16", "triton")
+    layer, dim = swapped_tiny_moe_layer(dev)
     eager_stock_router = copy.deepcopy(layer)
     eager_stock_router.fused_router = False
-    x = torch.randn(2, 16, args.dim, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(2, 16, dim, device=dev, dtype=torch.bfloat16)
     torch._dynamo.reset()
     got = torch.compile(layer, backend="aot_eager")(x)
     assert not fused_calls

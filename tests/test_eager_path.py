@@ -9,7 +9,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 import titan_megamoe
 import titan_megamoe.pipeline as pipeline
-from moe_cases import forward_backward, make_case
+from moe_cases import forward_backward, make_case, swapped_tiny_moe_layer
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter (conftest)
 
@@ -137,27 +137,13 @@ def test_checkpointed_layer_skips_gemm2_with_shared_experts(monkeypatch, forward
     """The swapped TorchTitan layer under full activation checkpointing: the shared experts (whose Linear
     layers save tensors) run before the routed experts, so the recompute still stops before GEMM2; the
     layer's output and gradients are bitwise those without checkpointing."""
-    import dataclasses
-
     from torch.utils.checkpoint import checkpoint
-    from torchtitan.models.moe.moe import MoE
 
-    from titan_megamoe.integrations.torchtitan import cpu, registry
-    from titan_megamoe.integrations.torchtitan.converter import swap_moe_layers
+    from titan_megamoe.integrations.torchtitan import cpu
 
     monkeypatch.setattr(torch, "histc", cpu.histc_int_cpu(torch.histc))
-    args = registry.tiny_flavor()
-    moe_args = dataclasses.replace(args.moe_args, num_shared_experts=shared_experts)
-    torch.manual_seed(0)
-    layer = MoE(moe_args, dim=args.dim, hidden_dim=args.moe_inter_dim)
-    with torch.no_grad():
-        layer.init_weights(0.02, torch.device("cpu"))
-    layer = layer.to(DEVICE, torch.bfloat16)
-    layer.expert_bias, layer.tokens_per_expert = layer.expert_bias.float(), layer.tokens_per_expert.float()
-    holder = torch.nn.Module()
-    holder.moe = layer
-    swap_moe_layers(holder, "bf16", "triton")
-    x = torch.randn(1, 12, args.dim, device=DEVICE, dtype=torch.bfloat16)
+    layer, dim = swapped_tiny_moe_layer(DEVICE, shared_experts)
+    x = torch.randn(1, 12, dim, device=DEVICE, dtype=torch.bfloat16)
     dout = torch.randn_like(x)
 
     def run(fn):
