@@ -502,8 +502,10 @@ def time_sac(row, layer, x, dout, warmup, iters):
     from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 
     layer.fused_router = True  # as the fused arm (under SAC's dispatch mode the layer uses the stock router)
-    fused_op = torch.ops.titan_megamoe.moe_up.default
-    variants = {"fused_sac_recompute": set(_op_sac_save_list), "fused_sac_save": set(_op_sac_save_list) | {fused_op}}
+    from titan_megamoe.integrations.torchtitan.converter import fused_ops
+
+    variants = {"fused_sac_recompute": set(_op_sac_save_list),
+                "fused_sac_save": set(_op_sac_save_list) | set(fused_ops())}  # as `mega_moe.save_under_sac`
     try:
         for key, ops in variants.items():
             fn = functools.partial(sac_fwd_bwd, layer, x, dout, ops)

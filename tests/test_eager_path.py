@@ -48,10 +48,12 @@ def forward_calls(monkeypatch):
 
 
 def _sac_fwd_bwd(case, dout, save_op: bool):
-    op = torch.ops.titan_megamoe.moe_up.default
+    from titan_megamoe.integrations.torchtitan.converter import fused_ops
+
+    saved = set(fused_ops()) if save_op else set()  # as `mega_moe.save_under_sac`
 
     def policy(ctx, func, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if save_op and func is op else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
     ctx_fn = functools.partial(create_selective_checkpoint_contexts, policy)
     return forward_backward(lambda *a: checkpoint(_via_moe, *a, use_reentrant=False, context_fn=ctx_fn), case, dout)
@@ -132,12 +134,13 @@ def test_h_is_freed_before_the_combine(monkeypatch, precision):
     assert made and alive_at_combine == [[False] * len(made)], alive_at_combine
 
 
-@pytest.mark.parametrize("shared_experts", [0, 1])
-def test_checkpointed_layer_skips_gemm2_with_shared_experts(monkeypatch, forward_calls, shared_experts):
-    """The swapped TorchTitan layer under full activation checkpointing: the shared experts (whose Linear
-    layers save tensors) run before the routed experts, so the recompute still stops before GEMM2; the
-    layer's output and gradients are bitwise those without checkpointing."""
-    from torch.utils.checkpoint import checkpoint
+@pytest.mark.parametrize("shared_experts, early_stop", [(0, True), (1, True), (1, False)])
+def test_checkpointed_layer_skips_gemm2_with_shared_experts(monkeypatch, forward_calls, shared_experts, early_stop):
+    """The swapped TorchTitan layer under TorchTitan's full activation checkpointing wrapper: with
+    `activation_checkpoint.early_stop` the recompute stops before GEMM2, also with shared experts (whose
+    Linear layers save tensors: they run before the routed experts); without it (TorchTitan's default) the
+    whole layer reruns, GEMM2 included. Output and gradients bitwise those without checkpointing."""
+    from torchtitan.distributed.activation_checkpoint import ptd_checkpoint_wrapper
 
     from titan_megamoe.integrations.torchtitan import cpu
 
@@ -155,6 +158,7 @@ def test_checkpointed_layer_skips_gemm2_with_shared_experts(monkeypatch, forward
     want = run(layer)
     for calls in forward_calls.values():
         calls.clear()
-    got = run(lambda xx: checkpoint(layer, xx, use_reentrant=False))
-    assert len(forward_calls["up"]) == 2 and len(forward_calls["down"]) == 1, forward_calls
+    got = run(ptd_checkpoint_wrapper(layer, preserve_rng_state=True, determinism_check="default",
+                                     early_stop=early_stop, debug=False))
+    assert len(forward_calls["up"]) == 2 and len(forward_calls["down"]) == (1 if early_stop else 2), forward_calls
     assert len(want) == len(got) and all(torch.equal(a, b) for a, b in zip(got, want))

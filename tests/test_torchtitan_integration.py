@@ -17,7 +17,8 @@ import torch
 import titan_megamoe.integrations.torchtitan as tt
 from titan_megamoe.integrations import assets, launch
 from titan_megamoe.integrations.torchtitan import cpu, registry
-from titan_megamoe.integrations.torchtitan.converter import MegaMoEConverter, set_sac_policy, swap_moe_layers
+from titan_megamoe.integrations.torchtitan.converter import (MegaMoEConverter, fused_ops, set_sac_policy,
+                                                             swap_moe_layers)
 from titan_megamoe.integrations.torchtitan.modules import MegaGroupedExperts, MegaMoE
 from torchtitan.config import ConfigManager
 from torchtitan.distributed import ParallelDims
@@ -323,14 +324,39 @@ def test_dcp_checkpoint_round_trip_stock_mega_stock(tmp_path):
 def test_save_under_sac_edits_qwen3_save_list():
     from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 
-    op = torch.ops.titan_megamoe.moe_up.default
+    ops = set(fused_ops())  # both steps: without AC's early stop a saved moe_up alone would rerun GEMM2
     try:
         build_and_convert("--mega_moe.enable", "--mega_moe.save_under_sac")
-        assert op in _op_sac_save_list
+        assert ops <= _op_sac_save_list
         build_and_convert("--mega_moe.enable")
-        assert op not in _op_sac_save_list
+        assert not ops & _op_sac_save_list
     finally:
         set_sac_policy(False)
+
+
+@pytest.mark.parametrize("mode, option, early_stop, backend, save, want", [
+    ("full", "2", False, "triton", False, "AC full (the recompute reruns the experts' GEMM2: set "
+                                          "activation_checkpoint.early_stop to skip it)"),
+    ("full", "2", True, "triton", False, "AC full"),
+    ("full", "2", False, "reference", False, "AC full"),
+    ("selective", "2", False, "triton", False, "AC selective every 2 layers (the recompute reruns"),
+    ("selective", "op", False, "triton", False, "AC selective op (titan_megamoe::moe_up and ::moe_down "
+                                                "recomputed; the recompute reruns"),
+    ("selective", "op", True, "triton", False, "AC selective op (titan_megamoe::moe_up and ::moe_down recomputed)"),
+    ("selective", "op", False, "triton", True, "AC selective op (titan_megamoe::moe_up and ::moe_down saved)"),
+    ("none", "2", False, "triton", False, "AC none"),
+])
+def test_ac_log_line_names_the_early_stop_that_skips_gemm2(mode, option, early_stop, backend, save, want):
+    """TorchTitan's checkpointing reruns the whole block unless `activation_checkpoint.early_stop` is set, and
+    then the fused op's GEMM2 runs twice: the job's log line says so and names the setting."""
+    from types import SimpleNamespace
+
+    from titan_megamoe.integrations.torchtitan.converter import _ac_note
+
+    ac = SimpleNamespace(mode=mode, selective_ac_option=option, early_stop=early_stop)
+    note = _ac_note(ac, backend, save)
+    assert note.startswith(want) and (note == want or not want.endswith(")")), note
+
 
 
 # ---------------------------------------------------------------- errors raised when the converter is built

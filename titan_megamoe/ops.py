@@ -1,20 +1,21 @@
 """The public `moe` function, the fused op as torch.library custom ops, and its one autograd path.
 
-The forward is two ops. `titan_megamoe::moe_up` (the routing plan, GEMM1 + SwiGLU) returns a "link",
-GEMM2's operands and the residuals the backward needs (`pipeline.residual_specs`: gate and up in
-expert-sorted order; under `fp8` the block-FP8 W1^T, W2^T, W3^T, data and scale each; the packed routing
-plan); `titan_megamoe::moe_down` (GEMM2, the score-weighted combine) turns them into the output. moe_up
-carries the whole fused backward (`titan_megamoe::moe_backward`); moe_down hands the output's gradient
-back to it through the link, a [T, D] tensor with every stride 0 (no memory). Why two: under activation
-checkpointing the backward recomputes only what it needs, and it needs moe_up's outputs, never
-moe_down's. Eager non-reentrant checkpointing stops its recompute once moe_up has saved its tensors (when
-nothing after the op in the checkpointed region saves one: `MegaMoE` runs its shared experts first), and
-torch.compile's partitioner leaves moe_down out of the backward graph, so GEMM2 and the combine run once
-per step instead of twice (`tests/test_eager_path.py::test_full_checkpointing_recomputes_no_gemm2`; at
-30B-A3B T=16384 bf16 on an H100 GEMM2 took 0.73 ms of a ~2.7 ms forward, docs/kernels.md). Because the residuals are op
-outputs, op-level selective activation checkpointing can save moe_up (see `integrations.torchtitan`) or
-recompute it like stock's grouped GEMMs. The fake implementations make the ops traceable by
-torch.compile; they take every shape and dtype from the pipeline and the precision recipe.
+The forward is two ops. `titan_megamoe::moe_up` (the routing plan, GEMM1 + SwiGLU) returns a "link", GEMM2's
+operands and the residuals the backward needs (`pipeline.residual_specs`: gate and up in expert-sorted order;
+under `fp8` the block-FP8 W1^T, W2^T, W3^T, data and scale each; the packed routing plan);
+`titan_megamoe::moe_down` (GEMM2, the score-weighted combine) turns them into the output. moe_up carries the
+whole fused backward (`titan_megamoe::moe_backward`); moe_down hands the output's gradient back to it through
+the link, a [T, D] tensor with every stride 0 (no memory). Why two: under activation checkpointing the
+backward recomputes only what it needs, and it needs moe_up's outputs, never moe_down's. Eager non-reentrant
+checkpointing stops its recompute once moe_up has saved its tensors (with early stop on: torch's default,
+TorchTitan's `activation_checkpoint.early_stop`, which defaults to false; and when nothing after the op in the
+checkpointed region saves one: `MegaMoE` runs its shared experts first), and torch.compile's partitioner
+leaves moe_down out of the backward graph, so GEMM2 and the combine run once per step instead of twice
+(`tests/test_eager_path.py::test_full_checkpointing_recomputes_no_gemm2`; at 30B-A3B T=16384 bf16 on an H100
+GEMM2 took 0.73 ms of a ~2.7 ms forward, docs/kernels.md). Because the residuals are op outputs, op-level
+selective activation checkpointing can save both steps (see `integrations.torchtitan`) or recompute them like
+stock's grouped GEMMs. The fake implementations make the ops traceable by torch.compile; they take every shape
+and dtype from the pipeline and the precision recipe.
 
 In plain eager mode `moe()` skips the dispatcher: two autograd.Functions call the same pipeline functions
 directly. torch's custom-op autograd wrapper costs ~100 us of host time per forward (measured on CPU;

@@ -20,7 +20,7 @@ from ...validation import check_block_shapes, check_ep_transport
 from .modules import MegaGroupedExperts, MegaMoE
 
 CONVERTER_NAME = "mega_moe"
-FUSED_OP = "titan_megamoe::moe_up"
+FUSED_OPS = "titan_megamoe::moe_up and ::moe_down"
 
 
 def _fail(msg: str):
@@ -85,11 +85,17 @@ def resolve_ep_transport(value: str) -> str:
     return "all_to_all" if value == "auto" else value
 
 
+def fused_ops() -> tuple:
+    """The fused op's two forward steps as SAC policies name them (`titan_megamoe.ops`)."""
+    return torch.ops.titan_megamoe.moe_up.default, torch.ops.titan_megamoe.moe_down.default
+
+
 def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
-    """Add (save=True) or remove titan_megamoe::moe_up (the op's first step, whose outputs are the residuals)
-    in the model's op-level SAC save list (`torchtitan.models.<name>.infra.parallelize._op_sac_save_list`,
-    which parallelize passes to apply_ac). `moe_down` (GEMM2, the combine) is never saved: its output is not
-    needed by the backward, so a recompute never runs it."""
+    """Add (save=True) or remove the fused op's two steps, titan_megamoe::moe_up and ::moe_down, in the
+    model's op-level SAC save list (`torchtitan.models.<name>.infra.parallelize._op_sac_save_list`, which
+    parallelize passes to apply_ac). Both: TorchTitan's checkpointing reruns the whole block unless
+    `activation_checkpoint.early_stop` is set, and with only moe_up saved that rerun would run GEMM2 and the
+    combine again, which the one op saved whole never did."""
     import importlib
 
     try:
@@ -100,11 +106,11 @@ def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
                   f"(torchtitan.models.{model_name}.infra.parallelize._op_sac_save_list), which does not exist; "
                   f"set mega_moe.save_under_sac=false")
         return
-    op = torch.ops.titan_megamoe.moe_up.default
-    if save:
-        save_list.add(op)
-    else:
-        save_list.discard(op)
+    for op in fused_ops():
+        if save:
+            save_list.add(op)
+        else:
+            save_list.discard(op)
 
 
 def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router: bool = True,
@@ -140,13 +146,18 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router
 
 def _ac_note(ac, backend: str, save: bool) -> str:
     """What activation checkpointing does with the experts, for the log line."""
+    # without early stop TorchTitan's checkpointing reruns the whole block, the fused op's GEMM2 and combine
+    # included, though the backward needs only what the op's first step makes (`titan_megamoe.ops`)
+    rerun = None if ac.early_stop or backend == "reference" else (
+        "the recompute reruns the experts' GEMM2: set activation_checkpoint.early_stop to skip it")
     if ac.mode == "selective" and ac.selective_ac_option == "op":
         if backend == "reference":  # plain aten ops, not the custom op: qwen3's save list decides as for stock
             return "AC selective op (reference ops follow qwen3's save list)"
-        return f"AC selective op ({FUSED_OP} {'saved' if save else 'recomputed'})"
-    if ac.mode == "selective":
-        return f"AC selective every {ac.selective_ac_option} layers"
-    return f"AC {ac.mode}"
+        if save:
+            return f"AC selective op ({FUSED_OPS} saved)"
+        return f"AC selective op ({FUSED_OPS} recomputed{'; ' + rerun if rerun else ''})"
+    note = f"AC selective every {ac.selective_ac_option} layers" if ac.mode == "selective" else f"AC {ac.mode}"
+    return f"{note} ({rerun})" if rerun and ac.mode in ("full", "selective") else note
 
 
 def _router_note(job_config, backend: str, fused_router: bool) -> str:
