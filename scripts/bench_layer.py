@@ -502,10 +502,11 @@ def time_sac(row, layer, x, dout, warmup, iters):
     from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 
     layer.fused_router = True  # as the fused arm (under SAC's dispatch mode the layer uses the stock router)
-    from titan_megamoe.integrations.torchtitan.converter import fused_ops
+    from titan_megamoe.integrations.torchtitan.converter import sac_save_ops
 
+    # torch.utils.checkpoint stops the recompute early by default: as TorchTitan with activation_checkpoint.early_stop
     variants = {"fused_sac_recompute": set(_op_sac_save_list),
-                "fused_sac_save": set(_op_sac_save_list) | set(fused_ops())}  # as `mega_moe.save_under_sac`
+                "fused_sac_save": set(_op_sac_save_list) | set(sac_save_ops(early_stop=True))}
     try:
         for key, ops in variants.items():
             fn = functools.partial(sac_fwd_bwd, layer, x, dout, ops)
@@ -622,7 +623,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleave the arms: each round times every arm once, --iters split over the rounds")
     ap.add_argument("--sac", action="store_true",
-                    help="also time activation checkpointing: op-level selective (recompute vs save) and full")
+                    help="also time activation checkpointing: op-level selective (recompute vs save) and full, "
+                         "with torch.utils.checkpoint's early stop (TorchTitan: activation_checkpoint.early_stop)")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="start no case once this many seconds have passed (those cases are recorded as not run)")
     ap.add_argument("--out", default="docs/results", help="directory for the JSON file")

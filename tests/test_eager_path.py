@@ -47,25 +47,31 @@ def forward_calls(monkeypatch):
     return calls
 
 
-def _sac_fwd_bwd(case, dout, save_op: bool):
-    from titan_megamoe.integrations.torchtitan.converter import fused_ops
+def _sac_fwd_bwd(case, dout, save_op: bool, early_stop: bool):
+    from torch.utils.checkpoint import set_checkpoint_early_stop
 
-    saved = set(fused_ops()) if save_op else set()  # as `mega_moe.save_under_sac`
+    from titan_megamoe.integrations.torchtitan.converter import sac_save_ops
+
+    saved = set(sac_save_ops(early_stop)) if save_op else set()  # as `mega_moe.save_under_sac`
 
     def policy(ctx, func, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if func in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
     ctx_fn = functools.partial(create_selective_checkpoint_contexts, policy)
-    return forward_backward(lambda *a: checkpoint(_via_moe, *a, use_reentrant=False, context_fn=ctx_fn), case, dout)
+    with set_checkpoint_early_stop(early_stop):  # TorchTitan passes activation_checkpoint.early_stop
+        return forward_backward(lambda *a: checkpoint(_via_moe, *a, use_reentrant=False, context_fn=ctx_fn), case,
+                                dout)
 
 
-@pytest.mark.parametrize("save_op,expected_calls", [(True, 1), (False, 2)])
-def test_selective_checkpointing_sees_the_op(forward_calls, save_op, expected_calls):
+@pytest.mark.parametrize("save_op, early_stop, up_calls, down_calls", [
+    (True, True, 1, 1), (True, False, 1, 1),  # saved (with early stop moe_up alone, without it both steps)
+    (False, True, 2, 1), (False, False, 2, 2),  # recomputed: with early stop the first step only
+])
+def test_selective_checkpointing_sees_the_op(forward_calls, save_op, early_stop, up_calls, down_calls):
     case = make_case(19, 64, 32, 4, 2, device=DEVICE, seed=7)
     dout = torch.randn_like(case.x)
-    got = _sac_fwd_bwd(case, dout, save_op)
-    assert len(forward_calls["up"]) == expected_calls, "SAC must save (1 run) or recompute (2 runs) the fused op"
-    assert len(forward_calls["down"]) == 1, "the recompute stops before GEMM2: the backward needs none of its work"
+    got = _sac_fwd_bwd(case, dout, save_op, early_stop)
+    assert (len(forward_calls["up"]), len(forward_calls["down"])) == (up_calls, down_calls), forward_calls
     for calls in forward_calls.values():
         calls.clear()
     want = forward_backward(_via_moe, case, dout)
@@ -139,7 +145,9 @@ def test_checkpointed_layer_skips_gemm2_with_shared_experts(monkeypatch, forward
     """The swapped TorchTitan layer under TorchTitan's full activation checkpointing wrapper: with
     `activation_checkpoint.early_stop` the recompute stops before GEMM2, also with shared experts (whose
     Linear layers save tensors: they run before the routed experts); without it (TorchTitan's default) the
-    whole layer reruns, GEMM2 included. Output and gradients bitwise those without checkpointing."""
+    whole layer reruns, GEMM2 included. Output and gradients bitwise those without checkpointing, and the
+    load-balancing counts added twice, as stock's (counted before the experts, where the recompute reruns
+    them; TorchTitan's optimizer hook halves the counts of checkpointed blocks)."""
     from torchtitan.distributed.activation_checkpoint import ptd_checkpoint_wrapper
 
     from titan_megamoe.integrations.torchtitan import cpu
@@ -152,13 +160,15 @@ def test_checkpointed_layer_skips_gemm2_with_shared_experts(monkeypatch, forward
     def run(fn):
         xx = x.detach().requires_grad_(True)
         layer.zero_grad(set_to_none=True)
+        layer.tokens_per_expert.zero_()
         fn(xx).backward(dout)
-        return [xx.grad, *(p.grad for p in layer.parameters())]
+        return [xx.grad, *(p.grad for p in layer.parameters()), layer.tokens_per_expert.clone()]
 
-    want = run(layer)
+    *want, counts = run(layer)
     for calls in forward_calls.values():
         calls.clear()
-    got = run(ptd_checkpoint_wrapper(layer, preserve_rng_state=True, determinism_check="default",
-                                     early_stop=early_stop, debug=False))
+    *got, counts_ckpt = run(ptd_checkpoint_wrapper(layer, preserve_rng_state=True, determinism_check="default",
+                                                   early_stop=early_stop, debug=False))
     assert len(forward_calls["up"]) == 2 and len(forward_calls["down"]) == (1 if early_stop else 2), forward_calls
     assert len(want) == len(got) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert counts.sum() == 12 * layer.router.top_k and torch.equal(counts_ckpt, 2 * counts)

@@ -17,7 +17,7 @@ import torch
 import titan_megamoe.integrations.torchtitan as tt
 from titan_megamoe.integrations import assets, launch
 from titan_megamoe.integrations.torchtitan import cpu, registry
-from titan_megamoe.integrations.torchtitan.converter import (MegaMoEConverter, fused_ops, set_sac_policy,
+from titan_megamoe.integrations.torchtitan.converter import (MegaMoEConverter, sac_save_ops, set_sac_policy,
                                                              swap_moe_layers)
 from titan_megamoe.integrations.torchtitan.modules import MegaGroupedExperts, MegaMoE
 from torchtitan.config import ConfigManager
@@ -322,40 +322,54 @@ def test_dcp_checkpoint_round_trip_stock_mega_stock(tmp_path):
 
 
 def test_save_under_sac_edits_qwen3_save_list():
+    """Both steps of the fused op without early stop (a saved moe_up alone would leave GEMM2 to rerun),
+    moe_up alone with it (the recompute ends there); `--mega_moe.no-save-under-sac` removes both."""
     from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 
-    ops = set(fused_ops())  # both steps: without AC's early stop a saved moe_up alone would rerun GEMM2
+    up, down = sac_save_ops(early_stop=False)
     try:
         build_and_convert("--mega_moe.enable", "--mega_moe.save_under_sac")
-        assert ops <= _op_sac_save_list
+        assert {up, down} <= _op_sac_save_list
+        build_and_convert("--mega_moe.enable", "--mega_moe.save_under_sac", "--activation_checkpoint.early_stop")
+        assert up in _op_sac_save_list and down not in _op_sac_save_list
         build_and_convert("--mega_moe.enable")
-        assert not ops & _op_sac_save_list
+        assert not {up, down} & _op_sac_save_list
     finally:
         set_sac_policy(False)
 
 
-@pytest.mark.parametrize("mode, option, early_stop, backend, save, want", [
-    ("full", "2", False, "triton", False, "AC full (the recompute reruns the experts' GEMM2: set "
-                                          "activation_checkpoint.early_stop to skip it)"),
-    ("full", "2", True, "triton", False, "AC full"),
-    ("full", "2", False, "reference", False, "AC full"),
-    ("selective", "2", False, "triton", False, "AC selective every 2 layers (the recompute reruns"),
-    ("selective", "op", False, "triton", False, "AC selective op (titan_megamoe::moe_up and ::moe_down "
-                                                "recomputed; the recompute reruns"),
-    ("selective", "op", True, "triton", False, "AC selective op (titan_megamoe::moe_up and ::moe_down recomputed)"),
-    ("selective", "op", False, "triton", True, "AC selective op (titan_megamoe::moe_up and ::moe_down saved)"),
-    ("none", "2", False, "triton", False, "AC none"),
+@pytest.mark.parametrize("mode, option, early_stop, backend, save, ep, want", [
+    ("full", "2", False, "triton", False, False,
+     "AC full (the whole fused op recomputed: set activation_checkpoint.early_stop to skip its GEMM2)"),
+    ("full", "2", True, "triton", False, False,
+     "AC full (the fused op's first step recomputed: routing plan, GEMM1; not GEMM2 and the combine: early stop)"),
+    ("full", "2", True, "triton", False, True,
+     "AC full (the fused op's first step recomputed: route, rows out, GEMM1; not GEMM2 and the combine: early stop)"),
+    ("full", "2", False, "reference", False, False, "AC full"),
+    ("selective", "2", False, "triton", False, False, "AC selective every 2 layers (the whole fused op recomputed: "
+                                                      "set activation_checkpoint.early_stop to skip its GEMM2)"),
+    ("selective", "op", False, "triton", False, False, "AC selective op (the whole fused op recomputed: set "
+                                                       "activation_checkpoint.early_stop to skip its GEMM2)"),
+    ("selective", "op", True, "triton", False, False, "AC selective op (the fused op's first step recomputed: "
+                                                      "routing plan, GEMM1; not GEMM2 and the combine: early stop)"),
+    ("selective", "op", False, "triton", True, False,
+     "AC selective op (the fused op saved: titan_megamoe::moe_up and titan_megamoe::moe_down)"),
+    ("selective", "op", True, "triton", True, False, "AC selective op (the fused op saved: titan_megamoe::moe_up)"),
+    ("selective", "op", True, "triton", True, True, "AC selective op (the fused op's first step recomputed: route, "
+                                                    "rows out, GEMM1; not GEMM2 and the combine: early stop)"),
+    ("selective", "op", False, "reference", False, False, "AC selective op (reference ops follow qwen3's save list)"),
+    ("none", "2", False, "triton", False, False, "AC none"),
+    ("memory_budget", "2", False, "triton", False, False, "AC memory_budget"),
 ])
-def test_ac_log_line_names_the_early_stop_that_skips_gemm2(mode, option, early_stop, backend, save, want):
+def test_ac_log_line_names_the_early_stop_that_skips_gemm2(mode, option, early_stop, backend, save, ep, want):
     """TorchTitan's checkpointing reruns the whole block unless `activation_checkpoint.early_stop` is set, and
-    then the fused op's GEMM2 runs twice: the job's log line says so and names the setting."""
+    then the fused op's GEMM2 runs twice: the job's log line says what is recomputed and names the setting."""
     from types import SimpleNamespace
 
     from titan_megamoe.integrations.torchtitan.converter import _ac_note
 
     ac = SimpleNamespace(mode=mode, selective_ac_option=option, early_stop=early_stop)
-    note = _ac_note(ac, backend, save)
-    assert note.startswith(want) and (note == want or not want.endswith(")")), note
+    assert _ac_note(ac, backend, save, ep) == want
 
 
 

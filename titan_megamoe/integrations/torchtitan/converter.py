@@ -20,7 +20,6 @@ from ...validation import check_block_shapes, check_ep_transport
 from .modules import MegaGroupedExperts, MegaMoE
 
 CONVERTER_NAME = "mega_moe"
-FUSED_OPS = "titan_megamoe::moe_up and ::moe_down"
 
 
 def _fail(msg: str):
@@ -85,17 +84,20 @@ def resolve_ep_transport(value: str) -> str:
     return "all_to_all" if value == "auto" else value
 
 
-def fused_ops() -> tuple:
-    """The fused op's two forward steps as SAC policies name them (`titan_megamoe.ops`)."""
-    return torch.ops.titan_megamoe.moe_up.default, torch.ops.titan_megamoe.moe_down.default
-
-
-def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
-    """Add (save=True) or remove the fused op's two steps, titan_megamoe::moe_up and ::moe_down, in the
-    model's op-level SAC save list (`torchtitan.models.<name>.infra.parallelize._op_sac_save_list`, which
-    parallelize passes to apply_ac). Both: TorchTitan's checkpointing reruns the whole block unless
+def sac_save_ops(early_stop: bool) -> tuple:
+    """The fused op's forward steps `save_under_sac` saves (`titan_megamoe.ops`): titan_megamoe::moe_up, and
+    without early stop also ::moe_down. TorchTitan's checkpointing reruns the whole block unless
     `activation_checkpoint.early_stop` is set, and with only moe_up saved that rerun would run GEMM2 and the
-    combine again, which the one op saved whole never did."""
+    combine again (which the one op saved whole never did); with early stop the recompute ends at moe_up and
+    a saved moe_down output ([T, D]) would only take memory."""
+    up, down = torch.ops.titan_megamoe.moe_up.default, torch.ops.titan_megamoe.moe_down.default
+    return (up,) if early_stop else (up, down)
+
+
+def set_sac_policy(save: bool, model_name: str = "qwen3", early_stop: bool = False) -> None:
+    """Add (save=True) `sac_save_ops(early_stop)` to the model's op-level SAC save list
+    (`torchtitan.models.<name>.infra.parallelize._op_sac_save_list`, which parallelize passes to apply_ac),
+    or remove both steps."""
     import importlib
 
     try:
@@ -106,11 +108,9 @@ def set_sac_policy(save: bool, model_name: str = "qwen3") -> None:
                   f"(torchtitan.models.{model_name}.infra.parallelize._op_sac_save_list), which does not exist; "
                   f"set mega_moe.save_under_sac=false")
         return
-    for op in fused_ops():
-        if save:
-            save_list.add(op)
-        else:
-            save_list.discard(op)
+    save_list.difference_update(sac_save_ops(early_stop=False))
+    if save:
+        save_list.update(sac_save_ops(early_stop))
 
 
 def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router: bool = True,
@@ -144,20 +144,27 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router
     return len(layers)
 
 
-def _ac_note(ac, backend: str, save: bool) -> str:
+def _ac_note(ac, backend: str, save: bool, ep: bool = False) -> str:
     """What activation checkpointing does with the experts, for the log line."""
+    op_sac = ac.mode == "selective" and ac.selective_ac_option == "op"
+    if op_sac:
+        mode = "AC selective op"
+    elif ac.mode == "selective":
+        mode = f"AC selective every {ac.selective_ac_option} layers"
+    else:
+        mode = f"AC {ac.mode}"
+    if ac.mode not in ("full", "selective"):
+        return mode
+    if backend == "reference":  # plain aten ops, not the fused op: qwen3's save list decides as for stock
+        return f"{mode} (reference ops follow qwen3's save list)" if op_sac else mode
+    if op_sac and save and not ep:  # EP's autograd.Functions are not ops a SAC policy can name
+        return f"{mode} (the fused op saved: {' and '.join(op.name() for op in sac_save_ops(ac.early_stop))})"
+    if ac.early_stop:
+        first = "route, rows out, GEMM1" if ep else "routing plan, GEMM1"
+        return f"{mode} (the fused op's first step recomputed: {first}; not GEMM2 and the combine: early stop)"
     # without early stop TorchTitan's checkpointing reruns the whole block, the fused op's GEMM2 and combine
     # included, though the backward needs only what the op's first step makes (`titan_megamoe.ops`)
-    rerun = None if ac.early_stop or backend == "reference" else (
-        "the recompute reruns the experts' GEMM2: set activation_checkpoint.early_stop to skip it")
-    if ac.mode == "selective" and ac.selective_ac_option == "op":
-        if backend == "reference":  # plain aten ops, not the custom op: qwen3's save list decides as for stock
-            return "AC selective op (reference ops follow qwen3's save list)"
-        if save:
-            return f"AC selective op ({FUSED_OPS} saved)"
-        return f"AC selective op ({FUSED_OPS} recomputed{'; ' + rerun if rerun else ''})"
-    note = f"AC selective every {ac.selective_ac_option} layers" if ac.mode == "selective" else f"AC {ac.mode}"
-    return f"{note} ({rerun})" if rerun and ac.mode in ("full", "selective") else note
+    return f"{mode} (the whole fused op recomputed: set activation_checkpoint.early_stop to skip its GEMM2)"
 
 
 def _router_note(job_config, backend: str, fused_router: bool) -> str:
@@ -181,9 +188,10 @@ class MegaMoEConverter:
         self.save_under_sac = bool(job_config.mega_moe.save_under_sac)
         self.fused_router = bool(job_config.mega_moe.fused_router)
         self.model_name = job_config.model.name
-        self.ac_note = _ac_note(job_config.activation_checkpoint, self.backend, self.save_under_sac)
-        self.router_note = _router_note(job_config, self.backend, self.fused_router)
         ep = parallel_dims.ep if parallel_dims is not None else 1
+        self.early_stop = bool(job_config.activation_checkpoint.early_stop)
+        self.ac_note = _ac_note(job_config.activation_checkpoint, self.backend, self.save_under_sac, ep > 1)
+        self.router_note = _router_note(job_config, self.backend, self.fused_router)
         self.ep_transport = resolve_ep_transport(job_config.mega_moe.ep_transport)
         # 0 (exact sizes, host sync) -> None; without EP the factor has nothing to size
         self.ep_capacity_factor = (float(job_config.mega_moe.ep_capacity_factor) or None) if ep > 1 else None
@@ -195,16 +203,11 @@ class MegaMoEConverter:
                 self.tiles_note = f", tiles {use_tile_table(job_config.mega_moe.tile_table)}"
             except ValueError as e:
                 _fail(f"tile_table: {e}")
-        ac = job_config.activation_checkpoint
-        if ep > 1 and ac.mode == "selective" and ac.selective_ac_option == "op":
-            # the EP path is two autograd.Functions, not the custom op SAC's policy can name: its first step
-            # (route, rows out, GEMM1) is always recomputed, GEMM2 and the return trip never
-            self.ac_note = "AC selective op (EP: the fused op's first step and its all-to-all out are recomputed)"
 
     def convert(self, model: nn.Module) -> None:
         n = swap_moe_layers(model, self.precision, self.backend, self.fused_router, self.ep_transport,
                             self.ep_capacity_factor)
-        set_sac_policy(self.save_under_sac, self.model_name)
+        set_sac_policy(self.save_under_sac, self.model_name, self.early_stop)
         logger.info(f"[mega_moe] swapped {n} MoE layers to the fused op: precision={self.precision}, "
                     f"backend={self.backend}, {self.router_note}, {self.ac_note}{self.ep_note}{self.tiles_note}")
 

@@ -102,19 +102,21 @@ class MegaMoE(MoE):
         else:
             top_scores_TK, topk_ids_TK, num_tokens_per_expert = self.router(x_TD, self.expert_bias)
 
-        # the shared experts first: under activation checkpointing the backward's recompute stops once the last
-        # tensor the backward saved is remade, which is then the routed experts' first step, so GEMM2 and the
-        # combine (the op's second step) are not rerun (`titan_megamoe.ops`); the sum below is stock's
-        shared_TD = self.shared_experts(x_TD) if self.shared_experts is not None else None
-        out_TD = self.experts(x_TD, topk_ids_TK, Fp32Scores(top_scores_TK))
-
-        # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them); counted
-        # and updated after the experts are launched so that neither launch is on the GPU's critical path
+        # load-balancing statistics, exactly as stock (the optimizer hook reads and resets them), and where stock
+        # counts them, before the experts: a recompute under activation checkpointing with early stop ends in
+        # the experts (below), and TorchTitan's hook halves the counts of checkpointed blocks, which assumes
+        # the recompute counted them again
         with torch.no_grad():
             if num_tokens_per_expert is None:
                 E = self.router.num_experts
                 num_tokens_per_expert = torch.histc(topk_ids_TK.view(-1), bins=E, min=0, max=E)
             self.tokens_per_expert.add_(num_tokens_per_expert)
+
+        # the shared experts before the routed ones: a recompute with early stop ends once the last tensor
+        # the backward saved is remade, which is then the routed experts' first step, so GEMM2 and the
+        # combine (the op's second step) are not rerun (`titan_megamoe.ops`); the sum below is stock's
+        shared_TD = self.shared_experts(x_TD) if self.shared_experts is not None else None
+        out_TD = self.experts(x_TD, topk_ids_TK, Fp32Scores(top_scores_TK))
 
         if shared_TD is not None:
             out_TD = shared_TD + out_TD
