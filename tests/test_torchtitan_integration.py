@@ -338,25 +338,23 @@ def test_save_under_sac_edits_qwen3_save_list():
         set_sac_policy(False)
 
 
+_RERUN = "(the whole fused op recomputed: set activation_checkpoint.early_stop to skip its GEMM2)"
+_FIRST = "(the fused op's first step recomputed: {}; not GEMM2 and the combine: early stop)"
+_LOCAL, _EP = _FIRST.format("routing plan, GEMM1"), _FIRST.format("route, rows out, GEMM1")
+
+
 @pytest.mark.parametrize("mode, option, early_stop, backend, save, ep, want", [
-    ("full", "2", False, "triton", False, False,
-     "AC full (the whole fused op recomputed: set activation_checkpoint.early_stop to skip its GEMM2)"),
-    ("full", "2", True, "triton", False, False,
-     "AC full (the fused op's first step recomputed: routing plan, GEMM1; not GEMM2 and the combine: early stop)"),
-    ("full", "2", True, "triton", False, True,
-     "AC full (the fused op's first step recomputed: route, rows out, GEMM1; not GEMM2 and the combine: early stop)"),
+    ("full", "2", False, "triton", False, False, f"AC full {_RERUN}"),
+    ("full", "2", True, "triton", False, False, f"AC full {_LOCAL}"),
+    ("full", "2", True, "triton", False, True, f"AC full {_EP}"),
     ("full", "2", False, "reference", False, False, "AC full"),
-    ("selective", "2", False, "triton", False, False, "AC selective every 2 layers (the whole fused op recomputed: "
-                                                      "set activation_checkpoint.early_stop to skip its GEMM2)"),
-    ("selective", "op", False, "triton", False, False, "AC selective op (the whole fused op recomputed: set "
-                                                       "activation_checkpoint.early_stop to skip its GEMM2)"),
-    ("selective", "op", True, "triton", False, False, "AC selective op (the fused op's first step recomputed: "
-                                                      "routing plan, GEMM1; not GEMM2 and the combine: early stop)"),
+    ("selective", "2", False, "triton", False, False, f"AC selective every 2 layers {_RERUN}"),
+    ("selective", "op", False, "triton", False, False, f"AC selective op {_RERUN}"),
+    ("selective", "op", True, "triton", False, False, f"AC selective op {_LOCAL}"),
     ("selective", "op", False, "triton", True, False,
      "AC selective op (the fused op saved: titan_megamoe::moe_up and titan_megamoe::moe_down)"),
     ("selective", "op", True, "triton", True, False, "AC selective op (the fused op saved: titan_megamoe::moe_up)"),
-    ("selective", "op", True, "triton", True, True, "AC selective op (the fused op's first step recomputed: route, "
-                                                    "rows out, GEMM1; not GEMM2 and the combine: early stop)"),
+    ("selective", "op", True, "triton", True, True, f"AC selective op {_EP}"),  # EP: no op a policy can name
     ("selective", "op", False, "reference", False, False, "AC selective op (reference ops follow qwen3's save list)"),
     ("none", "2", False, "triton", False, False, "AC none"),
     ("memory_budget", "2", False, "triton", False, False, "AC memory_budget"),
