@@ -74,13 +74,6 @@ def _kernel_recipe(precision: str, device: torch.device | None = None) -> Recipe
     return recipe
 
 
-def _link(x_TD: torch.Tensor) -> torch.Tensor:
-    """The forward's first step's differentiable output: [T, D] with every stride 0 (no memory). The second
-    step takes it as an input and hands the output's gradient back through it unchanged, so that the
-    first step's backward (the whole fused backward) receives dout."""
-    return x_TD.new_empty(()).expand(x_TD.shape)
-
-
 @torch.library.custom_op(f"{_LIB}::moe_up", mutates_args=())
 def moe_up(
     x_TD: torch.Tensor,
@@ -95,20 +88,20 @@ def moe_up(
     """[link, GEMM2's operands..., residuals...]: the routing plan and GEMM1 + SwiGLU."""
     # host check on CPU (or TITAN_MEGAMOE_DEBUG=1); on CUDA the pipeline asserts asynchronously
     check_expert_ids(topk_ids_TK, w1_EHD.shape[0], device_check=False)
-    from .pipeline import fused_moe_up
+    from .pipeline import fused_moe_up, gradient_link
 
     down, residuals, _ = fused_moe_up(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD,
                                       _kernel_recipe(precision, x_TD.device))
-    return [_link(x_TD), *down, *residuals]
+    return [gradient_link(x_TD), *down, *residuals]
 
 
 @moe_up.register_fake
 def _(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, precision, backend):
-    from .pipeline import down_specs, residual_specs
+    from .pipeline import down_specs, gradient_link, residual_specs
 
     recipe = _kernel_recipe(precision)
     specs = [*down_specs(x_TD, topk_ids_TK, w1_EHD, recipe), *residual_specs(x_TD, topk_ids_TK, w1_EHD, recipe)]
-    return [_link(x_TD), *(x_TD.new_empty(shape, dtype=dtype) for shape, dtype in specs)]
+    return [gradient_link(x_TD), *(x_TD.new_empty(shape, dtype=dtype) for shape, dtype in specs)]
 
 
 @torch.library.custom_op(f"{_LIB}::moe_down", mutates_args=())
@@ -226,14 +219,14 @@ class _MoEUpEager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe):
-        from .pipeline import fused_moe_up
+        from .pipeline import fused_moe_up, gradient_link
 
         down, residuals, d = fused_moe_up(x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD, recipe)
         _save(ctx, (x_TD, topk_ids_TK, topk_scores_TK, w1_EHD, w2_EDH, w3_EHD), residuals, recipe.precision.value,
               "triton")
         ctx.mark_non_differentiable(*down)
         ctx.set_materialize_grads(False)
-        return _link(x_TD), d, *down
+        return gradient_link(x_TD), d, *down
 
     @staticmethod
     def backward(ctx, dlink, *_):

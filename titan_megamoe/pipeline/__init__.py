@@ -18,6 +18,7 @@ import torch
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
 from . import dispatch as local
+from .dispatch import gradient_link
 from .expert_ffn import (down_proj_count, down_proj_shapes, ffn_backward_input, ffn_backward_weights, ffn_down, ffn_up,
                          quantized_weights, residual_shapes)
 
@@ -88,4 +89,4 @@ def down_specs(x_TD, topk_ids_TK, w1_EHD, recipe: Recipe):
 
 
 __all__ = ["down_proj_count", "down_specs", "fused_moe_backward", "fused_moe_down", "fused_moe_forward", "fused_moe_up",
-           "residual_specs", "restore_dispatch"]
+           "gradient_link", "residual_specs", "restore_dispatch"]

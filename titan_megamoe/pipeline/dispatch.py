@@ -47,6 +47,14 @@ def local_layout(num_tokens: int, top_k: int, num_experts: int, recipe: Recipe) 
     return PlanLayout(num_tokens * top_k, num_experts, plan_block_m(recipe), top_k)
 
 
+def gradient_link(x_TD: torch.Tensor) -> torch.Tensor:
+    """The forward's first step's differentiable output, for either dispatcher (`ops.py`, `ep_dispatch.py`):
+    [T, D] with every stride 0 (no memory). The second step takes it as an input and hands the output's
+    gradient back through it unchanged, so that the first step's backward (the whole fused backward)
+    receives dout."""
+    return x_TD.new_empty(()).expand(x_TD.shape)
+
+
 def dispatch(x_TD, topk_ids_TK, topk_scores_TK, num_experts: int, recipe: Recipe) -> Dispatched:
     plan = build_routing_plan(topk_ids_TK, num_experts, plan_block_m(recipe))
     return Dispatched(x_TD, plan, topk_scores_TK)

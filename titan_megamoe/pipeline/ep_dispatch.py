@@ -40,7 +40,7 @@ from ..kernels.routing_meta import build_routing_plan
 from ..plan import RoutingPlan
 from ..precision import Recipe
 from ..validation import check_kernel_shapes
-from .dispatch import plan_block_m
+from .dispatch import gradient_link, plan_block_m
 from .expert_ffn import ffn_backward_input, ffn_backward_weights, ffn_down, ffn_up
 from .symm_transport import back_from_gemm, exchange_symmetric, expert_sorted_ids, send_counted
 
@@ -222,8 +222,7 @@ class FusedMoEExpertParallel(torch.autograd.Function):
         ctx.scores_dtype, ctx.x_dtype = topk_scores_TK.dtype, x_TD.dtype
         ctx.mark_non_differentiable(*down)
         ctx.set_materialize_grads(False)
-        link = x_TD.new_empty(()).expand(x_TD.shape)  # as `ops._link`: the output's gradient comes back here
-        return link, (r, plan, topk_scores_TK), *down
+        return gradient_link(x_TD), (r, plan, topk_scores_TK), *down
 
     @staticmethod
     def backward(ctx, dout_TD, *_):
