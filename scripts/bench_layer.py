@@ -48,8 +48,9 @@ One JSON row per (case, precision):
   fused_stock_router_{fwd,fwdbwd,fwd_b2b,fwdbwd_b2b}_speedup                 (the headline: experts alone)
   vs_bf16_fwd, vs_bf16_fwdbwd, fused_stock_router_vs_bf16_{fwd,fwdbwd}       (non-bf16 rows, bf16 measured:
                                                                               bf16 fused ms / this row's ms)
-  with --sac: stock_sac_*, fused_sac_recompute_*, fused_sac_save_*, stock_full_ac_*, fused_full_ac_* (_fwdbwd_ms,
-             _peak_gib; full_ac: the layer under full activation checkpointing) or sac_skipped
+  with --sac: stock_sac_*, fused_sac_recompute_*, fused_sac_save_* (_fwdbwd_ms, _peak_gib) or sac_skipped
+  with --sac or --full-ac: stock_full_ac_*, fused_full_ac_* (_fwdbwd_ms, _peak_gib: the layer under full
+             activation checkpointing)
 
     python scripts/bench_layer.py                                  # every default case, bf16
     python scripts/bench_layer.py --precision bf16,fp8,fp8_bwd      # the precision column
@@ -403,7 +404,7 @@ FUSED_ARMS = {"fused": True, "fused_stock_router": False}
 KINDS = {"fwd": time_ms, "fwdbwd": time_ms, "fwd_b2b": time_back_to_back_ms, "fwdbwd_b2b": time_back_to_back_ms}
 
 
-def bench_case(name, precisions, warmup, iters, with_sac, rounds=1, backend="triton"):
+def bench_case(name, precisions, warmup, iters, checkpointing=frozenset(), rounds=1, backend="triton"):
     """One row per precision: checked, then (if it passes) timed against stock, all arms interleaved."""
     t0 = clock()
     case = Case(*CASES[name])
@@ -442,7 +443,7 @@ def bench_case(name, precisions, warmup, iters, with_sac, rounds=1, backend="tri
             layers[p] = layer
     del stock_ref
     if layers:
-        time_arms(rows, layers, stock, x, dout, warmup, iters, rounds, with_sac, case)
+        time_arms(rows, layers, stock, x, dout, warmup, iters, rounds, checkpointing, case)
     del stock, fused, layers
     gc.collect()
     if DEVICE == "cuda":
@@ -452,7 +453,8 @@ def bench_case(name, precisions, warmup, iters, with_sac, rounds=1, backend="tri
     return list(rows.values())
 
 
-def time_arms(rows, layers, stock, x, dout, warmup, iters, rounds, with_sac, case):
+def time_arms(rows, layers, stock, x, dout, warmup, iters, rounds, checkpointing, case):
+    """`checkpointing`: which of "sac" (op-level selective) and "full_ac" to time besides the plain arms."""
     """Stock once and both fused arms of each precision in `layers`, interleaved; fills their rows."""
     x_req = x.detach().requires_grad_(True)
     arms = {"stock": (stock, None)}
@@ -469,12 +471,13 @@ def time_arms(rows, layers, stock, x, dout, warmup, iters, rounds, with_sac, cas
         s = samples[f"stock_{kind}"]
         stock_fields.update({f"stock_{kind}_ms": statistics.median(s), f"stock_{kind}_all": s})
     stock_fields["stock_fwdbwd_peak_gib"] = peaks["stock"]
-    if with_sac:
+    if "sac" in checkpointing:
         from torchtitan.models.qwen3.infra.parallelize import _op_sac_save_list
 
         fn = functools.partial(sac_fwd_bwd, stock, x, dout, set(_op_sac_save_list))
         stock_fields["stock_sac_fwdbwd_ms"] = time_ms(fn, warmup, iters)[0]
         stock_fields["stock_sac_peak_gib"] = peak_mem_gib(fn, stock)
+    if "full_ac" in checkpointing:
         fn = functools.partial(full_ac_fwd_bwd, stock, x, dout)
         stock_fields["stock_full_ac_fwdbwd_ms"] = time_ms(fn, warmup, iters)[0]
         stock_fields["stock_full_ac_peak_gib"] = peak_mem_gib(fn, stock)
@@ -487,8 +490,10 @@ def time_arms(rows, layers, stock, x, dout, warmup, iters, rounds, with_sac, cas
                 s = samples[f"{p}/{arm}_{kind}"]
                 row[f"{arm}_{kind}_ms"], row[f"{arm}_{kind}_all"] = statistics.median(s), s
             row[f"{arm}_fwdbwd_peak_gib"] = peaks[f"{p}/{arm}"]
-        if with_sac:
+        if "sac" in checkpointing:
             time_sac(row, layer, x, dout, warmup, iters)
+        if "full_ac" in checkpointing:
+            time_full_ac(row, layer, x, dout, warmup, iters)
         add_rates(row, case)
     bf16 = rows.get(Precision.BF16.value)
     for p, row in rows.items():
@@ -514,7 +519,12 @@ def time_sac(row, layer, x, dout, warmup, iters):
             row[f"{key}_peak_gib"] = peak_mem_gib(fn, layer)
     except (NotImplementedError, ValueError) as e:  # e.g. a precision the custom op does not run yet
         row["sac_skipped"] = one_line(e)
-    # full AC runs the eager path (no dispatch mode) with the fused router, as the `fused` arm does
+
+
+def time_full_ac(row, layer, x, dout, warmup, iters):
+    # the eager path (no dispatch mode) with the fused router, as the `fused` arm; it needs nothing of the package
+    # but the layer, so that a revision from before these fields existed is timed the same way
+    layer.fused_router = True
     fn = functools.partial(full_ac_fwd_bwd, layer, x, dout)
     row["fused_full_ac_fwdbwd_ms"], _ = time_ms(fn, warmup, iters)
     row["fused_full_ac_peak_gib"] = peak_mem_gib(fn, layer)
@@ -598,6 +608,11 @@ def print_table(results):
                   f"recompute, estimated: {r['fused_fwdbwd_ms'] + r['fused_fwd_b2b_ms']:.2f} ms)")
 
 
+def checkpointing(args) -> frozenset:
+    """Which activation-checkpointing arms the command line asks for (`time_arms`)."""
+    return frozenset(({"sac", "full_ac"} if args.sac else set()) | ({"full_ac"} if args.full_ac else set()))
+
+
 def parse_precisions(text, ap):
     out = []
     for item in text.split(","):
@@ -625,6 +640,9 @@ def main():
     ap.add_argument("--sac", action="store_true",
                     help="also time activation checkpointing: op-level selective (recompute vs save) and full, "
                          "with torch.utils.checkpoint's early stop (TorchTitan: activation_checkpoint.early_stop)")
+    ap.add_argument("--full-ac", action="store_true",
+                    help="also time full activation checkpointing, without op-level SAC (--sac times both); it "
+                         "needs nothing newer of the package than the layer, so an older revision can be timed")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="start no case once this many seconds have passed (those cases are recorded as not run)")
     ap.add_argument("--out", default="docs/results", help="directory for the JSON file")
@@ -675,7 +693,7 @@ def main():
         if reason is None:
             print(f"{prefix} T={CASES[name][0]} ...", flush=True)
             try:
-                rows = bench_case(name, precisions, a.warmup, a.iters, a.sac, a.rounds, a.backend)
+                rows = bench_case(name, precisions, a.warmup, a.iters, checkpointing(a), a.rounds, a.backend)
             except torch.cuda.OutOfMemoryError as e:
                 reason = f"out of memory: {one_line(e)[:300]}"
                 if DEVICE == "cuda":

@@ -8,6 +8,9 @@
 # Usage: scripts/gpu_revision_check.sh BASE_DIR BASE_COMMIT OUT_DIR [bench cases...]
 #   BASE_DIR holds the base revision's titan_megamoe/ (git archive BASE titan_megamoe | tar -x -C BASE_DIR);
 #   TITAN_MEGAMOE_COMMIT names this checkout's commit where .git does not travel.
+#   BENCH_ARGS: more bench_layer.py options for all four runs (e.g. --full-ac: the layer under full activation
+#   checkpointing too, which a base from before that option times as well; --sac needs a base with
+#   `converter.sac_save_ops`, 6f06af2 on).
 set -u
 base=$1 base_commit=$2 out=$3
 shift 3
@@ -33,7 +36,7 @@ for rev in base here here base; do
   if [ $rev = base ]; then path=$base commit=$base_commit; else path=. commit=$here_commit; fi
   # shellcheck disable=SC2086
   stage "bench${i}_$rev" "${BENCH_LIMIT:-110}" "$path" "$commit" python3 scripts/bench_layer.py --cases $cases \
-    --iters 20 --out "$out/bench_$rev"
+    --iters 20 ${BENCH_ARGS:-} --out "$out/bench_$rev"
 done
 TAIL=12 stage gpu_tests "${TESTS_LIMIT:-240}" . "$here_commit" python3 -m pytest -q -p no:cacheprovider -x \
   tests/test_gpu_kernels.py tests/test_routing.py tests/test_router.py tests/test_kernel_wgrad.py tests/test_eager_path.py

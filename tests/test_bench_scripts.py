@@ -121,6 +121,19 @@ def test_whole_benchmark_on_a_tiny_case_writes_json_and_table(on_cpu, monkeypatc
     assert r["stock_full_ac_fwdbwd_ms"] > 0 and r["fused_full_ac_fwdbwd_ms"] > 0 and "Under full AC" in text
 
 
+def test_full_ac_alone_times_no_sac(on_cpu, monkeypatch, tmp_path, capsys):
+    """--full-ac times the layer under full activation checkpointing without op-level SAC (whose save list
+    needs the package's newer ops), so that an older revision can be timed the same way."""
+    bench = on_cpu
+    path, data = run_bench(bench, monkeypatch, tmp_path, {"tiny": (24, 32, 32, 4, 2, "skewed")},
+                           "--iters", "1", "--warmup", "0", "--rounds", "1", "--full-ac")
+    out = capsys.readouterr().out
+    assert "full AC" in out and "op-SAC" not in out
+    (r,) = data["results"]
+    assert r["stock_full_ac_fwdbwd_ms"] > 0 and r["fused_full_ac_fwdbwd_ms"] > 0
+    assert not any("sac" in key for key in r), [key for key in r if "sac" in key]
+
+
 def test_default_cases_cover_the_acceptance_list(bench):
     """Issue 10's case list: both Qwen3 shapes at T=16384, 30B-A3B at 512, 4096 and 65536, Mixtral- and
     OLMoE-like, a skewed routing, an odd shape; every row names its D, H, E, K, T and routing."""
