@@ -454,8 +454,8 @@ def bench_case(name, precisions, warmup, iters, checkpointing=frozenset(), round
 
 
 def time_arms(rows, layers, stock, x, dout, warmup, iters, rounds, checkpointing, case):
-    """`checkpointing`: which of "sac" (op-level selective) and "full_ac" to time besides the plain arms."""
-    """Stock once and both fused arms of each precision in `layers`, interleaved; fills their rows."""
+    """Stock once and both fused arms of each precision in `layers`, interleaved; fills their rows.
+    `checkpointing`: which of "sac" (op-level selective) and "full_ac" to time besides, after the plain arms."""
     x_req = x.detach().requires_grad_(True)
     arms = {"stock": (stock, None)}
     arms.update({f"{p}/{arm}": (layer, fr) for p, layer in layers.items() for arm, fr in FUSED_ARMS.items()})

@@ -12,8 +12,11 @@ P="python3 -m pytest -v -p no:cacheprovider --tb=short -rfs"
 t0=$SECONDS
 if [ "$PART" = a ]; then
   timeout ${LIM:-560} $P tests/test_gpu_kernels.py tests/test_fp8_rows_gluon.py > $R/g1.log 2>&1 &
-  timeout ${LIM:-560} $P tests/test_tune.py tests/test_op_api.py tests/test_kernel_wgrad.py tests/test_routing.py tests/test_router.py tests/test_peer_rows.py tests/test_launch.py tests/test_persistent_rows.py tests/test_dgrad_weight_tma.py tests/test_dx_pairs_one_loop.py > $R/g2.log 2>&1 &
-  timeout ${LIM:-560} $P ${EXTRA:-} tests/test_quant_kernels.py tests/test_wgrad_fp8.py tests/test_eager_path.py tests/test_fp8_dswiglu_split.py tests/test_e4m3_scale.py > $R/g3.log 2>&1 &
+  timeout ${LIM:-560} $P tests/test_tune.py tests/test_op_api.py tests/test_kernel_wgrad.py tests/test_routing.py \
+    tests/test_router.py tests/test_peer_rows.py tests/test_launch.py tests/test_persistent_rows.py \
+    tests/test_dgrad_weight_tma.py tests/test_dx_pairs_one_loop.py > $R/g2.log 2>&1 &
+  timeout ${LIM:-560} $P ${EXTRA:-} tests/test_quant_kernels.py tests/test_wgrad_fp8.py tests/test_eager_path.py \
+    tests/test_fp8_dswiglu_split.py tests/test_e4m3_scale.py > $R/g3.log 2>&1 &
   wait
 else
   timeout ${LIM:-560} $P tests/test_fp8_kernels.py > $R/g4.log 2>&1
