@@ -20,6 +20,8 @@
 # tune_kernels.py --merge; TUNE_WRITE=1 puts the winners in the table for the stages after it).
 # On a machine that got a copy of the working tree whose .git may lag it (the device machines here: twice the
 # JSONs named an older commit), pass TITAN_MEGAMOE_COMMIT=<the commit> so the results name the code that ran.
+# DEADLINE=<seconds>: the whole run must end within that many seconds of its start (a device call's limit): each
+# stage's time limit is cut to what is left, and a stage that would get less than 30 s is skipped (reported).
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
@@ -48,6 +50,11 @@ done
 stage() {  # name, time limit (s), command...
   local name=$1 limit=$2; shift 2
   case " $stages " in *" $name "*) ;; *) return 0 ;; esac
+  if [ -n "${DEADLINE:-}" ]; then
+    local left=$((DEADLINE - SECONDS))
+    if [ "$left" -lt 30 ]; then echo "=== $name skipped: ${left}s left of DEADLINE=${DEADLINE}s"; return 0; fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "=== $name (limit ${limit}s)"
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?

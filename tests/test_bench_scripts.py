@@ -513,3 +513,35 @@ def test_host_python_runs_the_gpu_host_code_with_launches_stubbed():
     refused = subprocess.run(args, capture_output=True, text=True, env={**env, "TRITON_INTERPRET": "1"}, cwd=root,
                              timeout=300)
     assert refused.returncode != 0 and "without TRITON_INTERPRET" in refused.stderr
+
+
+def test_gpu_acceptance_deadline_cuts_stage_limits_and_skips_what_cannot_fit(tmp_path):
+    """scripts/gpu_acceptance.sh DEADLINE: a stage's limit is cut to the seconds left, a stage with < 30 s left
+    is skipped and says so; without it the stages keep their own limits. Two quick stages that stop on a host
+    without CUDA stand in for the GPU work."""
+    import re
+    import subprocess
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU these stages run for real (minutes)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(deadline):
+        env = dict(os.environ, STAGES="symm_mem_one_gpu row_kernels", PYTHONPATH=root)
+        env.pop("DEADLINE", None)
+        if deadline is not None:
+            env["DEADLINE"] = str(deadline)
+        proc = subprocess.run(["bash", "scripts/gpu_acceptance.sh", str(tmp_path / str(deadline))], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    own = run(None)
+    assert re.findall(r"=== (\w+) \(limit (\d+)s\)", own) == [("symm_mem_one_gpu", "120"), ("row_kernels", "120")]
+    assert "needs a CUDA GPU" in own  # the stages ran (and stopped, as they should here)
+    cut = [(name, int(s)) for name, s in re.findall(r"=== (\w+) \(limit (\d+)s\)", run(100))]
+    assert [name for name, _ in cut] == ["symm_mem_one_gpu", "row_kernels"]
+    assert all(60 <= s <= 100 for _, s in cut) and cut[1][1] <= cut[0][1]
+    skipped = run(29)
+    assert "=== symm_mem_one_gpu skipped" in skipped and "=== row_kernels skipped" in skipped
+    assert "limit" not in skipped and not (tmp_path / "29" / "symm_mem_one_gpu.log").exists()
