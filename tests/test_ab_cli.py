@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from titan_megamoe.ab import cli as ab_cli
 from titan_megamoe.ab import config as cfg
@@ -188,6 +189,37 @@ def test_repeat_args_need_a_repeated_arm(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ab_cli.main(["--repeat-args", "--optimizer.lr 1e-3", "--out", str(tmp_path / "o")])
     assert "--repeat-args needs one kind twice in --arms" in capsys.readouterr().err
+
+
+def test_an_arm_kinds_args_need_an_arm_of_that_kind(tmp_path, capsys):
+    """--mega-args with no mega_moe arm would run nothing it asks for (an fp8 A/B silently without fp8)."""
+    with pytest.raises(SystemExit):
+        ab_cli.main(["--arms", "stock,stock", "--mega-args", "--mega_moe.precision fp8", "--out", str(tmp_path / "o")])
+    assert "--mega-args applies to mega_moe arms and --arms 'stock,stock' has none" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ab_cli.main(["--arms", "mega_moe,mega_moe", "--stock-args", "--compile.enable", "--out", str(tmp_path / "o")])
+    assert "--stock-args applies to stock arms" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_what_the_mega_arm_cannot_run_here_stops_before_any_arm(tmp_path, capsys, monkeypatch):
+    """Not after the stock arm trained (hours on a real config): the machine checks `train` makes, up front."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU host backend='triton' can run")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for args, words in ((["--mega-args", "--mega_moe.backend triton"], 'backend = "triton" needs a CUDA GPU'),
+                        (["--mega-args", "--mega_moe.save_under_sac false"], "--mega_moe.no-save_under_sac for false"),
+                        (["--", "--compile.enable=true"], "take no value")):
+        assert ab_cli.main(["--steps", "3", "--warmup", "1", "--out", str(tmp_path / "o"), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_warmup_error_says_it_was_the_default(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ab_cli.main(["--steps", "2", "--out", str(tmp_path / "o")])
+    assert "warmup 2, the default); pass --steps N and --warmup W with W < N" in capsys.readouterr().err
 
 
 def test_bad_arms_value(tmp_path, capsys):

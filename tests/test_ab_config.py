@@ -20,19 +20,29 @@ selective_ac_option = "op"
 
 def test_parse_overrides_forms():
     got = cfg.parse_overrides([
-        "--training.seq_len", "128", "--debug.deterministic", "--compile.enable=true",
+        "--training.seq_len", "128", "--debug.deterministic", "--compile.enable", "--optimizer.name=AdamW",
         "--model.converters", "quantize.linear.float8,quantize.grouped_mm.float8",
         "--debug.no-deterministic_warn_only", "--lr_scheduler.warmup-steps", "2", "--optimizer.lr", "3e-4",
         "--parallelism.data_parallel_shard_degree", "-1",
     ])
     assert got == [
-        ("training.seq_len", 128), ("debug.deterministic", True), ("compile.enable", True),
+        ("training.seq_len", 128), ("debug.deterministic", True), ("compile.enable", True), ("optimizer.name", "AdamW"),
         ("model.converters", "quantize.linear.float8,quantize.grouped_mm.float8"),
         ("debug.deterministic_warn_only", False), ("lr_scheduler.warmup_steps", 2), ("optimizer.lr", 3e-4),
         ("parallelism.data_parallel_shard_degree", -1),
     ]
     with pytest.raises(cfg.ConfigError, match="expected --section.key"):
         cfg.parse_overrides(["training.steps", "3"])
+
+
+@pytest.mark.parametrize("args", [["--mega_moe.enable", "false"], ["--compile.enable=true"], ["--debug.deterministic", "True"]])
+def test_a_value_given_to_a_bool_flag_names_the_flag_spelling(args):
+    """TorchTitan's CLI (tyro) rejects `--compile.enable=true` and `--mega_moe.enable false` with "Unrecognized
+    options: true" (checked against TorchTitan 0.2.2's ConfigManager); ours names the option and both flags."""
+    key = args[0][2:].split("=")[0]
+    section, _, leaf = key.rpartition(".")
+    with pytest.raises(cfg.FlagValueError, match=f"write --{key} for true, --{section}.no-{leaf} for false"):
+        cfg.parse_overrides(["--training.steps", "3", *args])
 
 
 def test_load_config_applies_overrides(tmp_path):
@@ -92,7 +102,7 @@ def test_describe_ac(mode, option, mega, save, expect):
 def test_arm_settings(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text(TOML)
-    values = cfg.load_config(path, ["--mega_moe.save_under_sac", "true"])
+    values = cfg.load_config(path, ["--mega_moe.save_under_sac"])
     stock, mega = cfg.arm_settings(values, False), cfg.arm_settings(values, True)
     assert stock["mega_moe.save_under_sac"] is None and "grouped_mm recomputed" in stock["ac_saves"]
     assert mega["mega_moe.save_under_sac"] is True and "fused MoE op saved" in mega["ac_saves"]

@@ -6,9 +6,10 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from titan_megamoe.integrations import launch
-from titan_megamoe.integrations.mega_moe_section import MegaMoEConfigError, check_section
+from titan_megamoe.integrations.mega_moe_section import MegaMoEConfigError, check_job_section, check_section
 from titan_megamoe.integrations.failure import first_error
 from torchtitan.config import ConfigManager
 
@@ -90,6 +91,37 @@ def test_launcher_rejects_before_launch(no_launch, capsys, overrides, words):
     assert len(err.splitlines()) == 1 and err.startswith("titan-megamoe train: "), err
     for w in words:
         assert w in err, (w, err)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["--mega_moe.enable", "--mega_moe.backend", "triton"], ['backend = "triton" needs a CUDA GPU', "--mega_moe.backend auto"]),
+    (["--mega_moe.enable", "--mega_moe.precision", "mxfp8"], ["needs a Blackwell GPU", "--mega_moe.precision bf16"]),
+    (["--mega_moe.enable", "--mega_moe.tile_table", "no_such_table.json"], ["tile_table", "does not exist"]),
+    (["--mega_moe.enable", "false"], ["take no value", "--mega_moe.no-enable for false"]),
+    (["--compile.enable=true"], ["take no value", "--compile.enable for true"]),
+])
+def test_launcher_rejects_what_this_machine_cannot_run(no_launch, capsys, monkeypatch, overrides, words):
+    """Before torchrun starts (where each became ~130 lines: a traceback per rank and torchrun's own): a precision
+    or backend this machine cannot run, a missing tile table, a value given to a bool flag. On a CPU host."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU host backend='triton' can run")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert launch.main(["--config", "tiny_cpu", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("titan-megamoe train: "), err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_only_an_enabled_section_is_checked_against_the_machine(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU host backend='triton' can run")
+    check_job_section({"backend": "triton", "tile_table": "no_such_table.json"})  # enable defaults to false
+    with pytest.raises(MegaMoEConfigError, match="needs a CUDA GPU"):
+        check_job_section({"backend": "triton"}, enabled=True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter runs the kernels on the CPU
+    check_job_section({"backend": "triton"}, enabled=True)
 
 
 def test_launcher_rejects_bad_toml_table(no_launch, tmp_path, capsys):

@@ -113,14 +113,15 @@ def test_plain_torchrun_torchtitan_train_with_config_lines(tmp_path):
 
 
 def test_a_converter_error_fails_the_job_before_training(tmp_path):
-    """A `[mega_moe]` value the converter rejects on every rank (here a tile table that does not exist; the
-    same path as mxfp8 on Hopper, tests/test_torchtitan_integration.py) stops the job before training; the
-    screen ends with that one line and the log that keeps the rest (torchrun's tracebacks)."""
-    run = train(tmp_path / "missing", "--training.steps", "1", "--mega_moe.enable", "--mega_moe.tile_table",
-                str(tmp_path / "nope.json"), check=False)
+    """A `[mega_moe]` value the converter rejects on every rank and the launcher cannot (here block FP8 on the
+    tiny flavor, whose expert hidden dim 96 is not a multiple of 128: the launcher does not know the model's
+    dims) stops the job before training; the screen ends with that one line and the log that keeps the rest
+    (torchrun's tracebacks)."""
+    run = train(tmp_path / "fp8_tiny", "--training.steps", "1", "--mega_moe.enable", "--mega_moe.precision", "fp8",
+                check=False)
     assert run.returncode != 0 and not run.steps and "Training starts" not in run.log
     errors = [line for line in run.log.splitlines() if "ValueError: [mega_moe]" in line]
-    assert errors and "nope.json does not exist" in errors[0] and "titan-megamoe tune --out" in errors[0], errors
+    assert errors and "must be a multiple of 128, got 96" in errors[0] and "megamoe_tiny_fp8" in errors[0], errors
     log = run.dump / "titan-megamoe-train.log"
     assert run.log.rstrip().splitlines()[-1] == (
         f"titan-megamoe train: failed (exit {run.returncode}): {errors[0].split('ValueError: ', 1)[1]}  "

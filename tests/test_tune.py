@@ -3,6 +3,7 @@ writes and resumes from, its oracle check rejecting a wrong kernel, and the tabl
 by `[mega_moe] tile_table`."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -98,6 +99,24 @@ def test_cli_usage_errors():
     assert p.returncode == 2 and "K <= E" in p.stderr
     p = run("--shape", "128", "128", "4", "2", "64", "--precision", "fp16")
     assert p.returncode == 2 and "--precision takes bf16, fp8" in p.stderr
+
+
+def test_cli_out_errors_come_before_any_tuning(tmp_path):
+    """A directory, a missing directory, a file that is not JSON: one line each, before the budget is spent."""
+    def run(out):
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        return subprocess.run([sys.executable, "-m", "titan_megamoe.cli", "tune", "--shape", "128", "128", "4", "2",
+                               "16", "--kernels", "gemm2", "--budget-seconds", "60", "--out", str(out)],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    p = run(tmp_path)
+    assert p.returncode == 2 and "is a directory; pass a file path" in p.stderr, p.stderr
+    p = run(tmp_path / "missing" / "t.json")
+    assert p.returncode == 2 and "does not exist; create it or pass another path" in p.stderr, p.stderr
+    (tmp_path / "notes.txt").write_text("not json\n")
+    p = run(tmp_path / "notes.txt")
+    assert p.returncode == 2 and "notes.txt exists and is not JSON" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and (tmp_path / "notes.txt").read_text() == "not json\n"
 
 
 def test_untuned_shapes_get_the_defaults_of_their_expert_size():

@@ -98,7 +98,7 @@ def recipe_for(precision: "str | Precision", device: torch.device | None = None)
             )
             raise ValueError(
                 f"precision='mxfp8' needs a Blackwell GPU (sm_100 block-scaled MMA) but {where}; "
-                f"use precision='bf16' on Hopper"
+                f"use precision='bf16' (or 'fp8' on Hopper)"
             )
     if p not in RECIPES:
         raise NotImplementedError(

@@ -230,14 +230,15 @@ def _warnings(record: dict, steps: int) -> list[str]:
     return out
 
 
-def _check_mega_moe(values: dict, arm: str) -> None:
-    """The `[mega_moe]` values this arm would start with: a bad one is our one-line error, before any run."""
-    from ..integrations.mega_moe_section import MegaMoEConfigError, check_section
+def _check_mega_moe(values: dict, arm: str, mega: bool) -> None:
+    """The `[mega_moe]` values this arm would start with (and, for a mega_moe arm, whether this machine can run
+    them): a bad one is our one-line error before any arm runs, not a failed run after the other arm trained."""
+    from ..integrations.mega_moe_section import MegaMoEConfigError, check_job_section
 
-    section = values.get("mega_moe")
+    section = values.get("mega_moe", {})
     if isinstance(section, dict):
         try:
-            check_section(section)
+            check_job_section(section, enabled=mega)
         except MegaMoEConfigError as e:
             raise cfg.ConfigError(f"{arm} arm: {e}") from None
 
@@ -350,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (TorchTitan overrides go after `--`)")
     if args.steps < 1 or args.warmup < 0 or args.warmup >= args.steps:
-        parser.error(f"need --steps >= 1 and 0 <= --warmup < --steps (got steps {args.steps}, warmup {args.warmup})")
+        given = any(a == "--warmup" or a.startswith("--warmup=") for a in ours)
+        parser.error(f"need --steps >= 1 and 0 <= --warmup < --steps (got steps {args.steps}, warmup {args.warmup}"
+                     f"{'' if given else ', the default'}); pass --steps N and --warmup W with W < N")
     if args.nproc is not None and args.nproc < 1:
         parser.error("--nproc must be >= 1")
     if args.rounds < 1:
@@ -359,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         arms = parse_arms(args.arms)
     except ValueError as e:
         parser.error(str(e))
+    for flag, kind in ARM_ARGS.items():  # an arm kind's overrides with no arm of that kind: nothing would use them
+        if kind in ARM_KINDS and arm_args[kind] and all(mega != ARM_KINDS[kind] for _, mega in arms):
+            parser.error(f"{flag} applies to {kind} arms and --arms {args.arms!r} has none; drop it or change --arms")
     if arm_args["repeat"] and not arms[1][0].endswith("_repeat"):
         parser.error(f"--repeat-args needs one kind twice in --arms (e.g. mega_moe,mega_moe), got {args.arms!r}")
     try:
@@ -371,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 if key in keys:
                     raise cfg.ConfigError(f"override --{key} is not allowed here: {why}")
             arm_values[arm] = cfg.load_config(config_path, arm_overrides)
-            _check_mega_moe(arm_values[arm], arm)
+            _check_mega_moe(arm_values[arm], arm, mega)
     except cfg.ConfigError as e:
         print(f"titan-megamoe ab: {e}", file=sys.stderr)
         return 2

@@ -62,20 +62,26 @@ def _coerce(text: str) -> Any:
     return text
 
 
+class FlagValueError(ConfigError):
+    """A value given to a bool option: TorchTitan's CLI (tyro) spells bools as flags, `--a.b` / `--a.no-b`."""
+
+
 def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
-    """TorchTitan CLI overrides as (dotted key, value): `--a.b v`, `--a.b=v`, bool flags `--a.b`, `--a.no-b`."""
+    """TorchTitan CLI overrides as (dotted key, value): `--a.b v`, `--a.b=v`, bool flags `--a.b`, `--a.no-b`.
+    `--a.b true` / `--a.b=false` is a FlagValueError: tyro's bools take no value, and its own message for it
+    ("Unrecognized options: false") names neither the option nor the spelling."""
     out: list[tuple[str, Any]] = []
     i = 0
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--") or len(arg) == 2:
             raise ConfigError(f"override {arg!r}: expected --section.key [value]")
-        key = arg[2:]
+        key, text = arg[2:], None
         if "=" in key:
             key, text = key.split("=", 1)
-            value, i = _coerce(text), i + 1
+            i += 1
         elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value, i = _coerce(args[i + 1]), i + 2
+            text, i = args[i + 1], i + 2
         else:  # a bool flag, as tyro spells them
             section, dot, leaf = key.rpartition(".")
             if leaf.startswith(("no-", "no_")):
@@ -83,6 +89,12 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
             else:
                 value = True
             i += 1
+        if text is not None:
+            value = _coerce(text)
+            if isinstance(value, bool):
+                section, dot, leaf = key.rpartition(".")
+                raise FlagValueError(f"override --{key} {text}: TorchTitan's bool options take no value; write "
+                                     f"--{key} for true, --{section}{dot}no-{leaf} for false")
         out.append((key.replace("-", "_"), value))
     return out
 

@@ -9,12 +9,14 @@
 overrides set them, then starts `torch.distributed.run` (torchrun, standalone rendezvous) with N
 processes of `python -m titan_megamoe.integrations.torchtitan.entry` (default N: the number of CUDA
 devices, or 1 without CUDA; NCCL on GPUs, gloo on CPU). Only rank 0's output is shown (a failure on
-another rank still ends the job and torchrun prints its traceback). Its exit status is the trainer's.
+another rank still ends the job and torchrun prints its traceback). Its exit status is torchrun's: 0 when
+every rank finished, non-zero (1) when one failed.
 Everything after the launcher's own options goes to TorchTitan unchanged, e.g.
 `--training.steps 20 --mega_moe.enable --metrics.log_freq 1`.
 
-Before anything starts, the `[mega_moe]` values (TOML and overrides) and `training.steps` are checked, so a
-bad value is one line, not a traceback per rank. The job's output is also written to
+Before anything starts, the `[mega_moe]` values (TOML and overrides; with `enable`, also whether this
+machine can run the precision and backend, and the tile table), `training.steps` and values given to bool
+flags are checked, so such a mistake is one line, not a traceback per rank. The job's output is also written to
 `<job.dump_folder>/titan-megamoe-train.log`; when the job fails, the last line on the screen says why (the
 first error a rank raised) and where that log is.
 """
@@ -33,7 +35,7 @@ except ModuleNotFoundError:  # Python < 3.11
 
 from ..ab import config as ab_config
 from .assets import CONFIGS_DIR
-from .mega_moe_section import MegaMoEConfigError, check_section
+from .mega_moe_section import MegaMoEConfigError, check_job_section
 from .failure import first_error
 
 CUSTOM_IMPORT = "titan_megamoe.integrations.torchtitan"
@@ -122,6 +124,8 @@ def resolved_values(toml: dict, overrides: list[str]) -> dict | None:
     """TOML + overrides as nested values (TorchTitan's own parse decides later), None if they do not parse."""
     try:
         return ab_config.apply_overrides(toml, ab_config.parse_overrides(overrides))
+    except ab_config.FlagValueError:
+        raise  # a value given to a bool flag: TorchTitan's parser would only say "Unrecognized options"
     except ab_config.ConfigError:
         return None  # an unusual override spelling: TorchTitan's parser reports it
 
@@ -132,7 +136,7 @@ def check_before_launch(values: dict) -> str | None:
     module = ab_config.lookup(values, "job.custom_config_module") or CONFIG_MODULE
     if isinstance(section, dict) and module == CONFIG_MODULE:
         try:
-            check_section(section)
+            check_job_section(section)
         except MegaMoEConfigError as e:
             return str(e)
     steps = ab_config.setting(values, "training.steps")
@@ -214,7 +218,10 @@ def main(argv: list[str]) -> int:
         if nproc < 1:
             return _err(f"--nproc must be a positive integer, got {nproc_arg!r}")
 
-    values = resolved_values(toml, overrides)
+    try:
+        values = resolved_values(toml, overrides)
+    except ab_config.FlagValueError as e:
+        return _err(str(e))
     problem = check_before_launch(values) if values is not None else None
     if problem:
         return _err(problem)

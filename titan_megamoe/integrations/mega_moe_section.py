@@ -89,6 +89,59 @@ def check_value(key: str, value) -> None:
                                  f"e.g. {key} = {_toml(getattr(MegaMoE, key))}")
 
 
+def check_precision_backend(precision: str, backend: str, device):
+    """(recipe, resolved backend) of a job's `[mega_moe]` precision and backend on `device` (the job's GPU, or
+    the CPU); MegaMoEConfigError naming the key and the fix for what that device cannot run. A job with `auto`
+    gets the fused kernels' precisions only: the FP8 emulation is an oracle (slow, host-synchronising), trained
+    with on purpose (backend reference), never picked by `auto`. The converter checks it in every rank, the
+    launchers (`check_job_section`) once before any process starts."""
+    from ..ops import resolve_backend  # torch and the kernels' host code: not needed by check_section
+    from ..precision import check_backend_precision, recipe_for
+
+    try:
+        recipe = recipe_for(precision, device)
+    except (ValueError, NotImplementedError) as e:
+        raise MegaMoEConfigError(f"[mega_moe] {e} (set --mega_moe.precision bf16)") from None
+    try:
+        resolved = resolve_backend(backend, device)
+    except ValueError:
+        raise MegaMoEConfigError(
+            f"[mega_moe] backend = \"triton\" needs a CUDA GPU and this job's device is {device}; set "
+            f"--mega_moe.backend auto (the fused kernels on a GPU, the reference backend elsewhere), or set "
+            f"TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter (small models only)") from None
+    try:
+        check_backend_precision(recipe, "triton" if backend == "auto" else resolved, device)
+    except NotImplementedError as e:
+        raise MegaMoEConfigError(f"[mega_moe] {e} (set --mega_moe.precision bf16, or --mega_moe.backend "
+                                 f"reference for the emulation)") from None
+    except ValueError as e:  # block FP8 on a GPU without FP8 tensor cores: the message names the fix
+        raise MegaMoEConfigError(f"[mega_moe] {e}") from None
+    return recipe, resolved
+
+
+def check_job_section(table: dict, enabled: bool | None = None) -> None:
+    """What `titan-megamoe train` and `ab` check before any process starts: `check_section`, then, when the
+    section is enabled (`enabled`, else its `enable` key), what this machine cannot run: the precision and
+    backend on its device (its first GPU, or the CPU), and the `tile_table` file (every rank loads it). One line instead of a traceback per rank, and in `ab` before the other arm has trained."""
+    check_section(table)
+    if not (table.get("enable", False) if enabled is None else enabled):
+        return
+    import torch
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    check_precision_backend(table.get("precision", MegaMoE.precision), table.get("backend", MegaMoE.backend),
+                            device)
+    if table.get("tile_table"):  # loaded and checked entry by entry as the converter will, then dropped again
+        from ..kernels.configs import use_tile_table
+
+        try:
+            use_tile_table(table["tile_table"])
+        except ValueError as e:
+            raise MegaMoEConfigError(f"[mega_moe] tile_table: {e}") from None
+        finally:
+            use_tile_table(None)
+
+
 def check_section(table: dict) -> None:
     """Check a `[mega_moe]` table as written in a TOML (or built from overrides): keys, then values."""
     valid = [f.name for f in fields(MegaMoE)]

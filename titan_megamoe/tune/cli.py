@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"block FP8 needs D and H multiples of 128 (got D={D}, H={H}); tune bf16 only")
     if args.budget_seconds <= 0:
         parser.error("--budget-seconds must be positive")
+    out = Path(args.out)
+    if out.is_dir():
+        parser.error(f"--out {out} is a directory; pass a file path, e.g. --out {out / 'tile_table.json'}")
+    if not out.parent.is_dir():  # checked now: the table is first written after the first kernel is tuned
+        parser.error(f"--out {out}: directory {out.parent} does not exist; create it or pass another path")
     import torch
 
     from .search import interpreter_device, tune
@@ -62,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
         print("titan-megamoe tune: needs a CUDA GPU (the timings are the GPU's); on CPU only "
               "TRITON_INTERPRET=1 runs it, as a check of the flow on small shapes", file=sys.stderr)
         return 2
-    out = Path(args.out)
     try:
         for precision in precisions:
             tune((D, H, E, K, T), precision, args.kernels, out, args.budget_seconds, device=device,

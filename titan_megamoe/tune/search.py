@@ -45,8 +45,12 @@ def _environment(device) -> dict:
 def load(path: Path) -> dict:
     if not path.exists():
         return {"configs": {}, "measured": {}, "runs": []}
-    table = json.loads(path.read_text())
-    if not isinstance(table.get("runs"), list) or "configs" not in table:
+    try:
+        table = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} exists and is not JSON ({e}), so not a table written by `titan-megamoe tune`; "
+                         f"pass another --out or delete it") from None
+    if not isinstance(table, dict) or not isinstance(table.get("runs"), list) or "configs" not in table:
         raise ValueError(f"{path} is not a table written by `titan-megamoe tune` (no 'runs'/'configs'); "
                          f"pass another --out or delete it")
     return table

@@ -14,9 +14,9 @@ from torchtitan.models.moe.moe import GroupedExperts, MoE
 from torchtitan.tools.logging import logger
 
 from ...kernels.configs import use_tile_table
-from ...ops import resolve_backend
-from ...precision import check_backend_precision, recipe_for
+from ...precision import recipe_for
 from ...validation import check_block_shapes, check_ep_transport
+from ..mega_moe_section import MegaMoEConfigError, check_precision_backend
 from .modules import MegaGroupedExperts, MegaMoE
 
 CONVERTER_NAME = "mega_moe"
@@ -37,27 +37,15 @@ def check_job(job_config, parallel_dims) -> tuple[str, str]:
     cfg = job_config.mega_moe
     device = _device_for_checks()
     try:
-        recipe = recipe_for(cfg.precision, device)
-    except (ValueError, NotImplementedError) as e:
-        _fail(f"{e} (set --mega_moe.precision bf16)")
-    try:
-        backend = resolve_backend(cfg.backend, device)
-    except ValueError as e:
-        _fail(f"{e} (set --mega_moe.backend auto)")
-    try:
-        # a job with `auto` gets the fused kernels' precisions only: the FP8 emulation is an oracle (slow,
-        # host-synchronising), trained with on purpose (backend reference), never picked by `auto`
-        check_backend_precision(recipe, "triton" if cfg.backend == "auto" else backend, device)
-    except NotImplementedError as e:
-        _fail(f"{e} (set --mega_moe.precision bf16, or --mega_moe.backend reference for the emulation)")
-    except ValueError as e:  # block FP8 on a GPU without FP8 tensor cores: the message names the fix
-        _fail(str(e))
+        recipe, backend = check_precision_backend(cfg.precision, cfg.backend, device)
+    except MegaMoEConfigError as e:
+        raise ValueError(str(e)) from None  # names the key and the fix: no chained traceback
 
     if parallel_dims is not None:
         if parallel_dims.tp > 1:
             _fail(f"tensor parallelism (parallelism.tensor_parallel_degree={parallel_dims.tp}) is not supported by "
                   f"mega_moe yet (TorchTitan's expert TP style expects stock GroupedExperts' inputs); use "
-                  f"tensor_parallel_degree=1 or mega_moe.enable=false")
+                  f"tensor_parallel_degree=1 or --mega_moe.no-enable")
         if parallel_dims.ep > 1:
             transport = resolve_ep_transport(cfg.ep_transport)
             if transport == "symm_mem" and backend == "reference":
@@ -119,7 +107,7 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoE)]
     if not layers:
         _fail(f"mega_moe.enable is set but {type(model).__name__} has no MoE layers (a dense flavor?); "
-              f"pick an MoE flavor (e.g. qwen3 debugmodel_moe, 30B-A3B) or set mega_moe.enable=false")
+              f"pick an MoE flavor (e.g. qwen3 debugmodel_moe, 30B-A3B) or set --mega_moe.no-enable")
     for name, m in layers:
         if type(m) not in (MoE, MegaMoE) or type(m.experts) not in (GroupedExperts, MegaGroupedExperts):
             _fail(f"{name} is a {type(m).__name__} with {type(m.experts).__name__} experts; mega_moe only "
@@ -127,12 +115,13 @@ def swap_moe_layers(model: nn.Module, precision: str, backend: str, fused_router
         if m.score_before_experts:
             _fail(f"{name} has score_before_experts=True (scores applied to the expert inputs), which the fused "
                   f"op does not support: it applies the scores after the experts (Qwen3's "
-                  f"score_before_experts=False); use such a flavor or mega_moe.enable=false")
+                  f"score_before_experts=False); use such a flavor or --mega_moe.no-enable")
         _, hidden, dim = m.experts.w1.shape
         try:  # block FP8 needs D and H in whole 128-blocks: say so when the job starts, not at the first step
             check_block_shapes(dim, hidden, recipe_for(precision))
         except ValueError as e:
-            _fail(f"{name}: {e}")
+            _fail(f"{name}: {e} (in a job: --mega_moe.precision bf16, or a flavor whose dim and moe_inter_dim are "
+                  f"multiples of 128, e.g. megamoe_tiny_fp8)")
     for _, m in layers:
         m.__class__ = MegaMoE
         m.experts.__class__ = MegaGroupedExperts
