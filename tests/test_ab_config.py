@@ -35,7 +35,8 @@ def test_parse_overrides_forms():
         cfg.parse_overrides(["training.steps", "3"])
 
 
-@pytest.mark.parametrize("args", [["--mega_moe.enable", "false"], ["--compile.enable=true"], ["--debug.deterministic", "True"]])
+@pytest.mark.parametrize("args", [["--mega_moe.enable", "false"], ["--compile.enable=true"],
+                                  ["--debug.deterministic", "True"]])
 def test_a_value_given_to_a_bool_flag_names_the_flag_spelling(args):
     """TorchTitan's CLI (tyro) rejects `--compile.enable=true` and `--mega_moe.enable false` with "Unrecognized
     options: true" (checked against TorchTitan 0.2.2's ConfigManager); ours names the option and both flags."""

@@ -94,7 +94,8 @@ def test_launcher_rejects_before_launch(no_launch, capsys, overrides, words):
 
 
 @pytest.mark.parametrize("overrides, words", [
-    (["--mega_moe.enable", "--mega_moe.backend", "triton"], ['backend = "triton" needs a CUDA GPU', "--mega_moe.backend auto"]),
+    (["--mega_moe.enable", "--mega_moe.backend", "triton"],
+     ['backend = "triton" needs a CUDA GPU', "--mega_moe.backend auto"]),
     (["--mega_moe.enable", "--mega_moe.precision", "mxfp8"], ["needs a Blackwell GPU", "--mega_moe.precision bf16"]),
     (["--mega_moe.enable", "--mega_moe.tile_table", "no_such_table.json"], ["tile_table", "does not exist"]),
     (["--mega_moe.enable", "false"], ["take no value", "--mega_moe.no-enable for false"]),

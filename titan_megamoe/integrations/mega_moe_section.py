@@ -122,7 +122,8 @@ def check_precision_backend(precision: str, backend: str, device):
 def check_job_section(table: dict, enabled: bool | None = None) -> None:
     """What `titan-megamoe train` and `ab` check before any process starts: `check_section`, then, when the
     section is enabled (`enabled`, else its `enable` key), what this machine cannot run: the precision and
-    backend on its device (its first GPU, or the CPU), and the `tile_table` file (every rank loads it). One line instead of a traceback per rank, and in `ab` before the other arm has trained."""
+    backend on its device (its first GPU, or the CPU), and the `tile_table` file (every rank loads it). One line
+    instead of a traceback per rank, and in `ab` before the other arm has trained."""
     check_section(table)
     if not (table.get("enable", False) if enabled is None else enabled):
         return
