@@ -31,7 +31,10 @@ def test_version_from_the_console_entry():
 
 def test_unknown_command(capsys):
     assert cli.main(["trian"]) == 2
-    assert "unknown command 'trian'" in capsys.readouterr().err
+    assert "unknown command 'trian' (did you mean 'train'?)" in capsys.readouterr().err
+    assert cli.main(["benchmark"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'benchmark'" in err and "did you mean" not in err
 
 
 def test_the_launcher_does_not_import_torchtitan():

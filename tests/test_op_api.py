@@ -74,6 +74,12 @@ def test_mismatched_devices_are_named():
         titan_megamoe.moe(*args)
 
 
+def test_meta_inputs_are_named_not_a_torch_item_error():
+    args = [t.to("meta") for t in _inputs()]
+    with pytest.raises(ValueError, match="on the meta device, which holds no values.*materialize"):
+        titan_megamoe.moe(*args, backend="reference")
+
+
 @pytest.mark.parametrize("T,K,routing", [(1, 1, "random"), (1, 3, "random"), (9, 1, "one_expert"),
                                          (12, 2, "empty_experts"), (0, 2, "random")])
 def test_edge_cases_match_float64(T, K, routing):

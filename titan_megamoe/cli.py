@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         from .tune.cli import main as tune_main
 
         return tune_main(rest)
-    print(f"titan-megamoe: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    import difflib
+
+    close = difflib.get_close_matches(command, ("train", "ab", "tune"), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    print(f"titan-megamoe: unknown command {command!r}{hint}\n\n{USAGE}", file=sys.stderr)
     return 2
 
 

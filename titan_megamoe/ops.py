@@ -301,6 +301,10 @@ def moe(
     check_ep_transport(ep_transport, ep_capacity_factor)
     recipe = recipe_for(precision, x_TD.device)
     resolved = resolve_backend(backend, x_TD.device)
+    if resolved == "reference" and x_TD.device.type == "meta":  # it would stop in torch's Tensor.item()
+        raise ValueError("titan_megamoe.moe: the inputs are on the meta device, which holds no values, and the "
+                         "reference backend reads the routing's expert counts on the host; materialize them first "
+                         "(e.g. module.to_empty(device=...) and initialize the weights)")
     # the GPU's FP8 check reads device properties; under torch.compile the custom op's implementation makes it
     check_backend_precision(recipe, resolved, None if torch.compiler.is_compiling() else x_TD.device)
     check_block_shapes(x_TD.shape[1], w1_EFD.shape[1], recipe)
