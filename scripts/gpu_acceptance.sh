@@ -21,7 +21,8 @@
 # On a machine that got a copy of the working tree whose .git may lag it (the device machines here: twice the
 # JSONs named an older commit), pass TITAN_MEGAMOE_COMMIT=<the commit> so the results name the code that ran.
 # DEADLINE=<seconds>: the whole run must end within that many seconds of its start (a device call's limit): each
-# stage's time limit is cut to what is left, and a stage that would get less than 30 s is skipped (reported).
+# stage's time limit is cut to what is left less 15 s (its report lines), and a stage that would get less than
+# 30 s is skipped (reported).
 set -u
 out=${1:-gpu_out}
 mkdir -p "$out"
@@ -36,6 +37,9 @@ all_stages="gpu_tests symm_mem_one_gpu row_kernels bench ab_debug ab_30b_1gpu"
 known_stages="$all_stages tune_candidates ab_fp8_30b_1gpu float8_variants mega_dense_float8 fp8_loss"
 known_stages+=" fp8_loss_80gb"
 stages=${STAGES:-$all_stages}
+case ${DEADLINE:-0} in
+  ''|*[!0-9]*) echo "DEADLINE: whole seconds expected, got '$DEADLINE'" >&2; exit 2 ;;
+esac
 for pair in ${LOSS_PAIRS:-}; do
   case $pair in mega|fp8_bwd|stock) ;;
     *) echo "LOSS_PAIRS: unknown pair '$pair'; the pairs are: mega fp8_bwd stock" >&2; exit 2 ;;
@@ -51,7 +55,7 @@ stage() {  # name, time limit (s), command...
   local name=$1 limit=$2; shift 2
   case " $stages " in *" $name "*) ;; *) return 0 ;; esac
   if [ -n "${DEADLINE:-}" ]; then
-    local left=$((DEADLINE - SECONDS))
+    local left=$((DEADLINE - SECONDS - 15))
     if [ "$left" -lt 30 ]; then echo "=== $name skipped: ${left}s left of DEADLINE=${DEADLINE}s"; return 0; fi
     [ "$left" -lt "$limit" ] && limit=$left
   fi

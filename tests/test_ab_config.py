@@ -46,6 +46,33 @@ def test_a_value_given_to_a_bool_flag_names_the_flag_spelling(args):
         cfg.parse_overrides(["--training.steps", "3", *args])
 
 
+def test_true_and_false_stay_values_of_options_that_are_not_bools():
+    """`--job.description true` is a string option's value (TorchTitan 0.2.2 parses it): only bool options'
+    values are the flag mistake."""
+    assert cfg.parse_overrides(["--job.description", "true", "--activation_checkpoint.selective_ac_option=false"]) == [
+        ("job.description", True), ("activation_checkpoint.selective_ac_option", False)]
+
+
+def test_the_bool_option_list_is_torchtitans():
+    """The launcher knows TorchTitan's bool options without importing TorchTitan; they must be JobConfig's."""
+    import dataclasses
+    import typing
+
+    from titan_megamoe.integrations.torchtitan.config import JobConfig as OurJobConfig
+    from torchtitan.config import JobConfig
+
+    def bools(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from bools(hints[f.name], f"{prefix}{f.name}.")
+            elif hints[f.name] is bool:
+                yield prefix + f.name
+
+    assert cfg.TORCHTITAN_BOOL_OPTIONS == set(bools(JobConfig))
+    assert cfg.bool_options() == set(bools(JobConfig)) | set(bools(OurJobConfig))
+
+
 def test_load_config_applies_overrides(tmp_path):
     path = tmp_path / "x.toml"
     path.write_text(TOML)

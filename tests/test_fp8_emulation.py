@@ -370,7 +370,7 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_a_clear_error(monkeypatch):
         check_backend_precision(recipe_for(precision), "reference", cuda)
         check_backend_precision(recipe_for(precision), "triton", torch.device("cpu"))  # the interpreter
     check_backend_precision(recipe_for("bf16"), "triton", cuda)
-    monkeypatch.setattr(converter, "_device_for_checks", lambda: cuda)
+    monkeypatch.setattr(converter, "device_for_checks", lambda: cuda)
     job = SimpleNamespace(mega_moe=SimpleNamespace(precision="fp8", backend="auto"),
                           model=SimpleNamespace(converters=[]))
     with pytest.raises(ValueError, match=r"^\[mega_moe\] precision='fp8' needs a GPU with FP8 tensor cores"):

@@ -401,6 +401,13 @@ def test_triton_backend_without_cuda_fails(monkeypatch):
         mc.build_model_converters(parse("--mega_moe.enable", "--mega_moe.backend", "triton"), dims())
 
 
+def test_a_tile_table_that_does_not_load_fails_in_the_converter(tmp_path):
+    """The launchers check it first (`check_job_section`); a plain `torchrun -m torchtitan.train` has only this."""
+    missing = str(tmp_path / "nope.json")
+    with pytest.raises(ValueError, match=r"^\[mega_moe\] tile_table: tile table .*nope.json does not exist"):
+        mc.build_model_converters(parse("--mega_moe.enable", "--mega_moe.tile_table", missing), dims())
+
+
 def test_flag_on_dense_model_fails():
     with pytest.raises(ValueError, match=r"\[mega_moe\].*no MoE layers.*debugmodel_moe.*no-enable"):
         build_and_convert("--mega_moe.enable", "--model.flavor", "debugmodel")

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--warmup",
         type=int,
-        default=DEFAULT_WARMUP,
+        default=None,  # DEFAULT_WARMUP when not given (main), so that its error can say which
         help=f"first steps left out of the timing statistics (default {DEFAULT_WARMUP})",
     )
     p.add_argument("--out", default="ab_out", help="output directory (default ./ab_out)")
@@ -233,14 +233,21 @@ def _warnings(record: dict, steps: int) -> list[str]:
 def _check_mega_moe(values: dict, arm: str, mega: bool) -> None:
     """The `[mega_moe]` values this arm would start with (and, for a mega_moe arm, whether this machine can run
     them): a bad one is our one-line error before any arm runs, not a failed run after the other arm trained."""
-    from ..integrations.mega_moe_section import MegaMoEConfigError, check_job_section
+    from ..integrations.launch import check_mega_moe
 
-    section = values.get("mega_moe", {})
-    if isinstance(section, dict):
-        try:
-            check_job_section(section, enabled=mega)
-        except MegaMoEConfigError as e:
-            raise cfg.ConfigError(f"{arm} arm: {e}") from None
+    problem = check_mega_moe(values, enabled=mega)
+    if problem:
+        raise cfg.ConfigError(f"{arm} arm: {problem}")
+
+
+def _option_keys(args: list[str]) -> set[str]:
+    """The dotted keys of TorchTitan overrides as written (`--a.no-b` -> a.b), without parsing their values."""
+    keys = set()
+    for a in args:
+        if a.startswith("--") and len(a) > 2:
+            section, dot, leaf = a[2:].split("=", 1)[0].rpartition(".")
+            keys.add(f"{section}{dot}{leaf[3:] if leaf.startswith(('no-', 'no_')) else leaf}".replace("-", "_"))
+    return keys
 
 
 def _divergence(record: dict) -> list[str]:
@@ -350,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(ours)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (TorchTitan overrides go after `--`)")
+    given = args.warmup is not None
+    if not given:
+        args.warmup = DEFAULT_WARMUP
     if args.steps < 1 or args.warmup < 0 or args.warmup >= args.steps:
-        given = any(a == "--warmup" or a.startswith("--warmup=") for a in ours)
         parser.error(f"need --steps >= 1 and 0 <= --warmup < --steps (got steps {args.steps}, warmup {args.warmup}"
                      f"{'' if given else ', the default'}); pass --steps N and --warmup W with W < N")
     if args.nproc is not None and args.nproc < 1:
@@ -372,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         arm_values = {}
         for arm, mega in arms:
             arm_overrides = overrides + own_overrides(arm_args, arm, mega)
-            keys = {k for k, _ in cfg.parse_overrides(arm_overrides)}
+            keys = _option_keys(arm_overrides)  # before parsing: `--mega_moe.enable false` is reserved first
             for key, why in RESERVED.items():
                 if key in keys:
                     raise cfg.ConfigError(f"override --{key} is not allowed here: {why}")

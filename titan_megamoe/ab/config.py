@@ -66,10 +66,40 @@ class FlagValueError(ConfigError):
     """A value given to a bool option: TorchTitan's CLI (tyro) spells bools as flags, `--a.b` / `--a.no-b`."""
 
 
+# TorchTitan 0.2.2's bool options (JobConfig's bool fields; tests/test_ab_config.py checks the list against it, so
+# the launcher need not import TorchTitan to know them) and [mega_moe]'s
+TORCHTITAN_BOOL_OPTIONS = frozenset({
+    "activation_checkpoint.debug", "activation_checkpoint.early_stop", "activation_checkpoint.preserve_rng_state",
+    "activation_checkpoint.visualize_memory_budget_pareto", "checkpoint.create_seed_checkpoint", "checkpoint.enable",
+    "checkpoint.enable_first_step_checkpoint", "checkpoint.enable_ft_dataloader_checkpoints",
+    "checkpoint.initial_load_in_hf", "checkpoint.initial_load_in_hf_quantized", "checkpoint.initial_load_model_only",
+    "checkpoint.last_save_in_hf", "checkpoint.last_save_model_only", "checkpoint.load_only", "compile.enable",
+    "debug.deterministic", "debug.deterministic_warn_only", "debug.moe_force_load_balance", "fault_tolerance.enable",
+    "job.print_config", "memory_estimation.disable_fake_mode", "memory_estimation.enable",
+    "metrics.disable_color_printing", "metrics.enable_tensorboard", "metrics.enable_wandb",
+    "metrics.save_for_all_ranks", "model.print_after_conversion", "optimizer.early_step_in_backward",
+    "parallelism.disable_loss_parallel", "parallelism.enable_async_tensor_parallel",
+    "parallelism.pipeline_parallel_expert_parallel_overlap", "profiling.enable_memory_snapshot",
+    "profiling.enable_profiling", "quantize.linear.float8.emulate",
+    "quantize.linear.float8.enable_fsdp_float8_all_gather",
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "training.dataloader.persistent_workers",
+    "training.dataloader.pin_memory", "training.enable_cpu_offload", "training.gc_debug",
+    "validation.dataloader.persistent_workers", "validation.dataloader.pin_memory", "validation.enable",
+})
+
+
+def bool_options() -> frozenset:
+    from ..integrations.mega_moe_section import bool_keys
+
+    return TORCHTITAN_BOOL_OPTIONS | {f"mega_moe.{k}" for k in bool_keys()}
+
+
 def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     """TorchTitan CLI overrides as (dotted key, value): `--a.b v`, `--a.b=v`, bool flags `--a.b`, `--a.no-b`.
-    `--a.b true` / `--a.b=false` is a FlagValueError: tyro's bools take no value, and its own message for it
-    ("Unrecognized options: false") names neither the option nor the spelling."""
+    A value given to a bool option (`--compile.enable true`, `--mega_moe.enable=false`) is a FlagValueError:
+    tyro's bools take no value, and its own message for it ("Unrecognized options: false") names neither the
+    option nor the spelling."""
+    bools = bool_options()
     out: list[tuple[str, Any]] = []
     i = 0
     while i < len(args):
@@ -90,11 +120,12 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
                 value = True
             i += 1
         if text is not None:
-            value = _coerce(text)
-            if isinstance(value, bool):
+            if key.replace("-", "_") in bools:
                 section, dot, leaf = key.rpartition(".")
-                raise FlagValueError(f"override --{key} {text}: TorchTitan's bool options take no value; write "
+                given = arg if "=" in arg else f"{arg} {text}"
+                raise FlagValueError(f"override {given}: TorchTitan's bool options take no value; write "
                                      f"--{key} for true, --{section}{dot}no-{leaf} for false")
+            value = _coerce(text)
         out.append((key.replace("-", "_"), value))
     return out
 

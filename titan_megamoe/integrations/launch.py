@@ -9,8 +9,9 @@
 overrides set them, then starts `torch.distributed.run` (torchrun, standalone rendezvous) with N
 processes of `python -m titan_megamoe.integrations.torchtitan.entry` (default N: the number of CUDA
 devices, or 1 without CUDA; NCCL on GPUs, gloo on CPU). Only rank 0's output is shown (a failure on
-another rank still ends the job and torchrun prints its traceback). Its exit status is torchrun's: 0 when
-every rank finished, non-zero (1) when one failed.
+another rank still ends the job and torchrun prints its traceback). Once torchrun has started, the exit status
+is torchrun's: 0 when every rank finished, non-zero (1) when one failed; before, 2 for a mistake caught here
+(130 on Ctrl-C).
 Everything after the launcher's own options goes to TorchTitan unchanged, e.g.
 `--training.steps 20 --mega_moe.enable --metrics.log_freq 1`.
 
@@ -130,15 +131,24 @@ def resolved_values(toml: dict, overrides: list[str]) -> dict | None:
         return None  # an unusual override spelling: TorchTitan's parser reports it
 
 
-def check_before_launch(values: dict) -> str | None:
-    """What would fail the job (or make it train nothing) that we can tell from the values alone."""
-    section = values.get("mega_moe")
+def check_mega_moe(values: dict, enabled: bool | None = None) -> str | None:
+    """What is wrong with the job's `[mega_moe]` section (`check_job_section`; `enabled` overrides its `enable`),
+    when the section is ours (the job uses our config module), else None."""
+    section = values.get("mega_moe", {})
     module = ab_config.lookup(values, "job.custom_config_module") or CONFIG_MODULE
     if isinstance(section, dict) and module == CONFIG_MODULE:
         try:
-            check_job_section(section)
+            check_job_section(section, enabled)
         except MegaMoEConfigError as e:
             return str(e)
+    return None
+
+
+def check_before_launch(values: dict) -> str | None:
+    """What would fail the job (or make it train nothing) that we can tell from the values alone."""
+    problem = check_mega_moe(values)
+    if problem:
+        return problem
     steps = ab_config.setting(values, "training.steps")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         return (f"training.steps must be a positive integer (got {steps!r}: "

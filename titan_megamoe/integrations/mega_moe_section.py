@@ -2,8 +2,8 @@
 
 TorchTitan's config module (`integrations/torchtitan/config.py`) merges `MegaMoE` into its JobConfig; the
 launcher (`titan-megamoe train`) and `titan-megamoe ab` check a TOML's section and overrides with
-`check_section` before any process starts, so this module must not import TorchTitan (importing it costs a
-launch ~4 s).
+`check_job_section` (the values, and with `enable` what this machine can run) before any process starts,
+so this module must not import TorchTitan (importing it costs a launch ~4 s).
 
 Every `[mega_moe]` value is checked when the section is built (`MegaMoE.__post_init__`), from the TOML or
 the command line, enabled or not: TorchTitan's parser would keep `enable = "false"` as a (truthy) string
@@ -14,6 +14,7 @@ No `from __future__ import annotations` here: ConfigManager merges sections by c
 """
 
 import difflib
+import os
 from dataclasses import dataclass, fields
 
 from ..precision import Precision
@@ -89,22 +90,49 @@ def check_value(key: str, value) -> None:
                                  f"e.g. {key} = {_toml(getattr(MegaMoE, key))}")
 
 
+def bool_keys() -> list[str]:
+    """The section's bool keys (flags on TorchTitan's command line)."""
+    return [f.name for f in fields(MegaMoE) if f.type is bool]
+
+
+def device_for_checks():
+    """The device a job's checks are made for: this rank's GPU (LOCAL_RANK, 0 in the launcher), else the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def load_tile_table(path: str) -> str:
+    """Make the kernels use the `titan-megamoe tune` table at `path` (`kernels.configs.use_tile_table`, which checks
+    every entry); its description for logs. A table that does not load is a MegaMoEConfigError."""
+    from ..kernels.configs import use_tile_table
+
+    try:
+        return use_tile_table(path)
+    except ValueError as e:
+        raise MegaMoEConfigError(f"[mega_moe] tile_table: {e}") from None
+
+
 def check_precision_backend(precision: str, backend: str, device):
     """(recipe, resolved backend) of a job's `[mega_moe]` precision and backend on `device` (the job's GPU, or
-    the CPU); MegaMoEConfigError naming the key and the fix for what that device cannot run. A job with `auto`
-    gets the fused kernels' precisions only: the FP8 emulation is an oracle (slow, host-synchronising), trained
-    with on purpose (backend reference), never picked by `auto`. The converter checks it in every rank, the
-    launchers (`check_job_section`) once before any process starts."""
+    the CPU); MegaMoEConfigError naming the key and the fix for what that device cannot run. `auto` is checked
+    as the Triton backend, so it takes the kernels' precisions only (on a CPU it then runs the reference backend,
+    for fp8 the emulation). The converter checks it in every rank, the launchers (`check_job_section`) once
+    before any process starts."""
     from ..ops import resolve_backend  # torch and the kernels' host code: not needed by check_section
     from ..precision import check_backend_precision, recipe_for
 
     try:
         recipe = recipe_for(precision, device)
-    except (ValueError, NotImplementedError) as e:
-        raise MegaMoEConfigError(f"[mega_moe] {e} (set --mega_moe.precision bf16)") from None
+    except (ValueError, NotImplementedError) as e:  # the API's own fix ("; use precision=...") in job form
+        raise MegaMoEConfigError(f"[mega_moe] {str(e).split('; use ', 1)[0]}; set --mega_moe.precision bf16") from None
     try:
         resolved = resolve_backend(backend, device)
-    except ValueError:
+    except ValueError as e:
+        if backend != "triton":
+            raise MegaMoEConfigError(f"[mega_moe] {e}") from None
         raise MegaMoEConfigError(
             f"[mega_moe] backend = \"triton\" needs a CUDA GPU and this job's device is {device}; set "
             f"--mega_moe.backend auto (the fused kernels on a GPU, the reference backend elsewhere), or set "
@@ -127,18 +155,13 @@ def check_job_section(table: dict, enabled: bool | None = None) -> None:
     check_section(table)
     if not (table.get("enable", False) if enabled is None else enabled):
         return
-    import torch
-
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     check_precision_backend(table.get("precision", MegaMoE.precision), table.get("backend", MegaMoE.backend),
-                            device)
+                            device_for_checks())
     if table.get("tile_table"):  # loaded and checked entry by entry as the converter will, then dropped again
         from ..kernels.configs import use_tile_table
 
         try:
-            use_tile_table(table["tile_table"])
-        except ValueError as e:
-            raise MegaMoEConfigError(f"[mega_moe] tile_table: {e}") from None
+            load_tile_table(table["tile_table"])
         finally:
             use_tile_table(None)
 

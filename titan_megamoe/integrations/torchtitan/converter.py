@@ -6,17 +6,15 @@ so every check here fails the job before any weight is allocated or any collecti
 
 from __future__ import annotations
 
-import os
 
 import torch
 import torch.nn as nn
 from torchtitan.models.moe.moe import GroupedExperts, MoE
 from torchtitan.tools.logging import logger
 
-from ...kernels.configs import use_tile_table
 from ...precision import recipe_for
 from ...validation import check_block_shapes, check_ep_transport
-from ..mega_moe_section import MegaMoEConfigError, check_precision_backend
+from ..mega_moe_section import MegaMoEConfigError, check_precision_backend, device_for_checks, load_tile_table
 from .modules import MegaGroupedExperts, MegaMoE
 
 CONVERTER_NAME = "mega_moe"
@@ -26,16 +24,10 @@ def _fail(msg: str):
     raise ValueError(f"[mega_moe] {msg}") from None  # the message is complete: no chained traceback
 
 
-def _device_for_checks() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
 def check_job(job_config, parallel_dims) -> tuple[str, str]:
     """Validate the `[mega_moe]` section against the job; return (precision, resolved backend)."""
     cfg = job_config.mega_moe
-    device = _device_for_checks()
+    device = device_for_checks()
     try:
         recipe, backend = check_precision_backend(cfg.precision, cfg.backend, device)
     except MegaMoEConfigError as e:
@@ -189,9 +181,9 @@ class MegaMoEConverter:
         self.tiles_note = ""
         if job_config.mega_moe.tile_table:
             try:
-                self.tiles_note = f", tiles {use_tile_table(job_config.mega_moe.tile_table)}"
-            except ValueError as e:
-                _fail(f"tile_table: {e}")
+                self.tiles_note = f", tiles {load_tile_table(job_config.mega_moe.tile_table)}"
+            except MegaMoEConfigError as e:
+                raise ValueError(str(e)) from None
 
     def convert(self, model: nn.Module) -> None:
         n = swap_moe_layers(model, self.precision, self.backend, self.fused_router, self.ep_transport,
