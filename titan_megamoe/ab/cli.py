@@ -240,16 +240,6 @@ def _check_mega_moe(values: dict, arm: str, mega: bool) -> None:
         raise cfg.ConfigError(f"{arm} arm: {problem}")
 
 
-def _option_keys(args: list[str]) -> set[str]:
-    """The dotted keys of TorchTitan overrides as written (`--a.no-b` -> a.b), without parsing their values."""
-    keys = set()
-    for a in args:
-        if a.startswith("--") and len(a) > 2:
-            section, dot, leaf = a[2:].split("=", 1)[0].rpartition(".")
-            keys.add(f"{section}{dot}{leaf[3:] if leaf.startswith(('no-', 'no_')) else leaf}".replace("-", "_"))
-    return keys
-
-
 def _divergence(record: dict) -> list[str]:
     out = []
     for arm, a in record["arms"].items():
@@ -381,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         arm_values = {}
         for arm, mega in arms:
             arm_overrides = overrides + own_overrides(arm_args, arm, mega)
-            keys = _option_keys(arm_overrides)  # before parsing: `--mega_moe.enable false` is reserved first
+            # the keys as written, before parsing values: `--mega_moe.enable false` is reserved first
+            keys = {cfg.flag_key(a)[0] for a in arm_overrides if a.startswith("--") and len(a) > 2}
             for key, why in RESERVED.items():
                 if key in keys:
                     raise cfg.ConfigError(f"override --{key} is not allowed here: {why}")

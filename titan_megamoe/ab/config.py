@@ -94,6 +94,14 @@ def bool_options() -> frozenset:
     return TORCHTITAN_BOOL_OPTIONS | {f"mega_moe.{k}" for k in bool_keys()}
 
 
+def flag_key(arg: str) -> tuple[str, bool]:
+    """The dotted key of an override as tyro spells it, and whether it is a negated bool flag:
+    `--a.b-c[=v]` -> ("a.b_c", False), `--a.no-b` -> ("a.b", True)."""
+    section, dot, leaf = arg[2:].split("=", 1)[0].rpartition(".")
+    negated = leaf.startswith(("no-", "no_"))
+    return f"{section}{dot}{leaf[3:] if negated else leaf}".replace("-", "_"), negated
+
+
 def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
     """TorchTitan CLI overrides as (dotted key, value): `--a.b v`, `--a.b=v`, bool flags `--a.b`, `--a.no-b`.
     A value given to a bool option (`--compile.enable true`, `--mega_moe.enable=false`) is a FlagValueError:
@@ -113,11 +121,8 @@ def parse_overrides(args: list[str]) -> list[tuple[str, Any]]:
         elif i + 1 < len(args) and not args[i + 1].startswith("--"):
             text, i = args[i + 1], i + 2
         else:  # a bool flag, as tyro spells them
-            section, dot, leaf = key.rpartition(".")
-            if leaf.startswith(("no-", "no_")):
-                key, value = f"{section}{dot}{leaf[3:]}", False
-            else:
-                value = True
+            key, negated = flag_key(arg)
+            value = not negated
             i += 1
         if text is not None:
             if key.replace("-", "_") in bools:

@@ -6,7 +6,6 @@ so every check here fails the job before any weight is allocated or any collecti
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn as nn
 from torchtitan.models.moe.moe import GroupedExperts, MoE
